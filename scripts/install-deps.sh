@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs (with apt-get) every Debian 12 package canopy builds, tests or
+# benchmarks with. Idempotent: only missing packages are installed, and apt's
+# index is refreshed only when something is missing. Run as root.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  # libraries
+  libboost-program-options-dev libgtest-dev libgmock-dev libisal-dev libxxhash-dev
+  libssl-dev nlohmann-json3-dev libfmt-dev libraft-dev libuv1-dev
+  # RDMA (rdma-core) and DPDK backends
+  libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils
+  dpdk dpdk-dev libdpdk-dev
+  # test and benchmark peers / helpers
+  iproute2 procps psmisc iperf3 gnuplot-nox util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install-deps: missing packages: ${missing[*]}" >&2
+  echo "install-deps: run as root (or install them yourself) and try again" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
