@@ -12,7 +12,15 @@ function(canopy_test)
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} canopy_testing GTest::gtest GTest::gtest_main Threads::Threads)
-  gtest_discover_tests(${T_NAME}
-    DISCOVERY_TIMEOUT 60
-    PROPERTIES LABELS "${T_NAME};${T_LABELS}" TIMEOUT ${T_TIMEOUT})
+  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 TEST_LIST ${T_NAME}_TESTS)
+  # gtest_discover_tests writes PROPERTIES into its script unquoted, which
+  # breaks list values such as several labels; so labels and the timeout are
+  # applied by a second include file that ctest reads after the discovered
+  # test list.
+  set(labels_file "${CMAKE_CURRENT_BINARY_DIR}/${T_NAME}_labels.cmake")
+  file(WRITE "${labels_file}"
+    "foreach(t IN LISTS ${T_NAME}_TESTS)\n"
+    "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"${T_NAME};${T_LABELS}\" TIMEOUT ${T_TIMEOUT})\n"
+    "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${labels_file}")
 endfunction()

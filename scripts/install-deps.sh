@@ -12,9 +12,14 @@ PACKAGES=(
   libssl-dev nlohmann-json3-dev libfmt-dev libraft-dev libuv1-dev
   # RDMA (rdma-core) and DPDK backends
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils
+  perftest  # ib_write_bw / ib_send_bw, the peer bench/rdma.sh compares against
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux
+  # replication benchmark peer (bench/replication.sh)
+  etcd-server etcd-client
+  # HTTP benchmark peers (bench/http.sh)
+  nginx-light wget wrk
 )
 
 missing=()

@@ -1,0 +1,395 @@
+// tools/get and tools/load against tools/httpd, and canopy_http's Server with
+// custom handlers (in-process, on a thread): resume, redirects, servers that
+// ignore Range, chunked bodies, request bodies, load's JSON report.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/file.h"
+#include "tests/http_test_util.h"
+#include "tests/testing/test_util.h"
+#include "tools/http/server.h"
+
+namespace canopy::testing {
+namespace {
+
+// Runs an http::Server with `handler` on a thread for the test's lifetime.
+class InProcessServer {
+ public:
+  explicit InProcessServer(http::Handler* handler, http::ServerOptions options = {}) {
+    auto s = http::Server::Listen(options, handler);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return;
+    server_ = std::move(*s);
+    thread_ = std::thread([this] { run_status_ = server_->Run(); });
+  }
+  ~InProcessServer() {
+    if (server_) {
+      server_->Stop();
+      thread_.join();
+      EXPECT_TRUE(run_status_.ok()) << run_status_.ToString();
+    }
+  }
+  uint16_t port() const { return server_ ? server_->port() : 0; }
+  std::string Url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port()) + path; }
+
+ private:
+  std::unique_ptr<http::Server> server_;
+  std::thread thread_;
+  Status run_status_;
+};
+
+// Always answers the whole content with 200, ignoring Range; /old redirects
+// to /new, /loop redirects to itself.
+class IgnoresRangeHandler : public http::Handler {
+ public:
+  explicit IgnoresRangeHandler(std::string content) : content_(std::move(content)) {}
+  http::Response Handle(const http::Request& request) override {
+    ++requests_;
+    if (request.path() == "/old") {
+      http::Response r = http::Response::Error(302);
+      r.headers.Add("Location", "/new");
+      return r;
+    }
+    if (request.path() == "/loop") {
+      http::Response r = http::Response::Error(307);
+      r.headers.Add("Location", "/loop");
+      return r;
+    }
+    if (request.path() == "/busy") return http::Response::Error(503);
+    http::Response r;
+    r.headers.Add("Content-Type", "application/octet-stream");
+    r.body = content_;
+    return r;
+  }
+  std::atomic<int> requests_{0};
+
+ private:
+  std::string content_;
+};
+
+// A JSON API in the shape `canopy node` would serve: echoes the request.
+class EchoJsonHandler : public http::Handler {
+ public:
+  http::Response Handle(const http::Request& request) override {
+    nlohmann::json j = {{"method", request.method}, {"path", std::string(request.path())},
+                        {"body", request.body}};
+    return http::Response::Json(request.method == "POST" ? 201 : 200, j.dump());
+  }
+};
+
+std::string JsonLine(const std::string& output) {
+  size_t start = output.find('{');
+  if (start == std::string::npos) return "{}";
+  return output.substr(start, output.find('\n', start) - start);
+}
+
+class HttpToolsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = dir_.File("root");
+    ASSERT_TRUE(CreateDirs(root_).ok());
+    content_ = RandomBytes(3 * 1024 * 1024 + 17, 11);
+    ASSERT_TRUE(WriteFileAtomic(root_ + "/file.bin", content_).ok());
+    ::chmod((root_ + "/file.bin").c_str(), 0644);
+    std::string error;
+    ASSERT_TRUE(httpd_.Start({"--root", root_}, &error)) << error;
+  }
+
+  int Get(const std::string& args, std::string* output) {
+    return RunCommand(BinaryPath("tools/get/get") + " " + args, output);
+  }
+
+  TempDir dir_;
+  std::string root_;
+  std::string content_;
+  HttpdProcess httpd_;
+};
+
+TEST_F(HttpToolsTest, GetDownloadsByteExactAndReportsJson) {
+  std::string out_file = dir_.File("copy.bin");
+  std::string output;
+  ASSERT_EQ(Get(httpd_.Url("/file.bin") + " -O " + out_file + " --json", &output), 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), content_);
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["status"], 200);
+  EXPECT_EQ(j["bytes"], content_.size());
+  EXPECT_GT(j["seconds"].get<double>(), 0);
+  EXPECT_GT(j["gbit_per_s"].get<double>(), 0);
+  // The plain summary names bytes, seconds and Gbit/s.
+  output.clear();
+  ASSERT_EQ(Get(httpd_.Url("/file.bin") + " -O " + out_file, &output), 0) << output;
+  EXPECT_NE(output.find(std::to_string(content_.size()) + " bytes in "), std::string::npos) << output;
+  EXPECT_NE(output.find("Gbit/s"), std::string::npos) << output;
+}
+
+TEST_F(HttpToolsTest, ContinueCompletesPartialFileByteExact) {
+  std::string out_file = dir_.File("partial.bin");
+  size_t have = 1234567;
+  ASSERT_TRUE(WriteFileAtomic(out_file, content_.substr(0, have)).ok());
+  std::string output;
+  ASSERT_EQ(Get(httpd_.Url("/file.bin") + " -O " + out_file + " --continue --json", &output), 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), content_);
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["status"], 206);
+  EXPECT_EQ(j["resumed_from"], have);
+  EXPECT_EQ(j["bytes"], content_.size() - have);
+  // Again on the complete file: 416 means done, nothing changes.
+  output.clear();
+  ASSERT_EQ(Get(httpd_.Url("/file.bin") + " -O " + out_file + " -c --json", &output), 0) << output;
+  j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_TRUE(j["already_complete"].get<bool>());
+  EXPECT_EQ(j["bytes"], 0);
+  EXPECT_EQ(*ReadFileToString(out_file), content_);
+  // A local file larger than the remote one is an error, not "done".
+  ASSERT_TRUE(WriteFileAtomic(out_file, content_ + "junk").ok());
+  output.clear();
+  EXPECT_NE(Get(httpd_.Url("/file.bin") + " -O " + out_file + " -c -q", &output), 0);
+  EXPECT_NE(output.find("remote"), std::string::npos) << output;
+}
+
+TEST_F(HttpToolsTest, ContinueRestartsWhenServerIgnoresRange) {
+  IgnoresRangeHandler handler(content_);
+  InProcessServer server(&handler);
+  std::string out_file = dir_.File("restart.bin");
+  ASSERT_TRUE(WriteFileAtomic(out_file, content_.substr(0, 1000)).ok());
+  std::string output;
+  ASSERT_EQ(Get(server.Url("/x") + " -O " + out_file + " -c --json", &output), 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), content_);  // rewritten from 0, not appended
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["status"], 200);
+  EXPECT_EQ(j["bytes"], content_.size());
+}
+
+TEST_F(HttpToolsTest, RedirectsAreFollowedAndBounded) {
+  IgnoresRangeHandler handler("the new content");
+  InProcessServer server(&handler);
+  std::string out_file = dir_.File("redirected.txt");
+  std::string output;
+  ASSERT_EQ(Get(server.Url("/old") + " -O " + out_file + " --json", &output), 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), "the new content");
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["redirects"], 1);
+  EXPECT_EQ(j["final_url"], server.Url("/new"));
+  output.clear();
+  int before = handler.requests_.load();
+  EXPECT_NE(Get(server.Url("/loop") + " -O " + out_file + " --max-redirect 3 -q", &output), 0);
+  EXPECT_NE(output.find("redirects"), std::string::npos) << output;
+  EXPECT_EQ(handler.requests_.load() - before, 4);
+}
+
+TEST_F(HttpToolsTest, ErrorsExitNonZeroAndRetriesAreBounded) {
+  std::string output;
+  EXPECT_NE(Get(httpd_.Url("/missing") + " -O " + dir_.File("x") + " -q", &output), 0);
+  EXPECT_NE(output.find("404"), std::string::npos) << output;
+  IgnoresRangeHandler handler("x");
+  InProcessServer server(&handler);
+  output.clear();
+  EXPECT_NE(Get(server.Url("/busy") + " -O " + dir_.File("y") + " --tries 3 -q", &output), 0);
+  EXPECT_EQ(handler.requests_.load(), 3);  // 5xx is retried, --tries times
+  output.clear();
+  // Nothing listens on a port we just closed: fails after 2 tries.
+  UniqueFd probe(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  std::string dead = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/";
+  probe.Reset();
+  EXPECT_NE(Get(dead + " -O " + dir_.File("z") + " --tries 2 --timeout 2 -q", &output), 0);
+  EXPECT_NE(output.find("refused"), std::string::npos) << output;
+  output.clear();
+  EXPECT_NE(Get("https://127.0.0.1/ -O " + dir_.File("z"), &output), 0);
+  EXPECT_NE(output.find("https"), std::string::npos) << output;
+}
+
+TEST_F(HttpToolsTest, ChunkedResponseBody) {
+  // A minimal server thread that answers one request with a chunked body.
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  std::string payload = content_.substr(0, 300000);
+  std::thread server([&] {
+    UniqueFd c(::accept(listener.get(), nullptr, nullptr));
+    if (!c) return;
+    char buf[4096];
+    std::string req;
+    while (req.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::recv(c.get(), buf, sizeof buf, 0);
+      if (n <= 0) return;
+      req.append(buf, static_cast<size_t>(n));
+    }
+    std::string resp = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (size_t off = 0; off < payload.size(); off += 70000) {
+      std::string piece = payload.substr(off, 70000);
+      char size[32];
+      std::snprintf(size, sizeof size, "%zx;note=1\r\n", piece.size());
+      resp += size + piece + "\r\n";
+    }
+    resp += "0\r\nX-Trailer: t\r\n\r\n";
+    SendString(c.get(), resp);
+  });
+  std::string out_file = dir_.File("chunked.bin");
+  std::string output;
+  int rc = Get("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/c -O " + out_file + " -q", &output);
+  server.join();
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), payload);
+}
+
+TEST_F(HttpToolsTest, RetryResumesAfterTheConnectionDrops) {
+  // Connection 1 sends half the body and drops; connection 2 must ask for
+  // the rest with Range and gets it as 206.
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string payload = content_.substr(0, 1000000);
+  const size_t half = 400000;
+  std::string second_request;
+  std::thread server([&] {
+    for (int round = 0; round < 2; ++round) {
+      UniqueFd c(::accept(listener.get(), nullptr, nullptr));
+      if (!c) return;
+      char buf[4096];
+      std::string req;
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        ssize_t n = ::recv(c.get(), buf, sizeof buf, 0);
+        if (n <= 0) return;
+        req.append(buf, static_cast<size_t>(n));
+      }
+      if (round == 0) {
+        SendString(c.get(), "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(payload.size()) + "\r\n\r\n" +
+                                payload.substr(0, half));
+      } else {
+        second_request = req;
+        SendString(c.get(), "HTTP/1.1 206 Partial Content\r\nContent-Range: bytes " + std::to_string(half) + "-" +
+                                std::to_string(payload.size() - 1) + "/" + std::to_string(payload.size()) +
+                                "\r\nContent-Length: " + std::to_string(payload.size() - half) + "\r\n\r\n" +
+                                payload.substr(half));
+      }
+    }
+  });
+  std::string out_file = dir_.File("dropped.bin");
+  std::string output;
+  int rc = Get("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/f -O " + out_file + " --tries 3 --json",
+               &output);
+  server.join();
+  ASSERT_EQ(rc, 0) << output;
+  EXPECT_EQ(*ReadFileToString(out_file), payload);
+  EXPECT_NE(second_request.find("Range: bytes=" + std::to_string(half) + "-\r\n"), std::string::npos)
+      << second_request;
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["attempts"], 2);
+  EXPECT_EQ(j["resumed_from"], half);
+  EXPECT_EQ(j["bytes"], payload.size());
+}
+
+TEST_F(HttpToolsTest, Ipv6Literal) {
+  HttpdProcess v6;
+  std::string error;
+  if (!v6.Start({"--root", root_, "--bind", "::1"}, &error)) {
+    GTEST_SKIP() << "cannot listen on ::1 here: " << error;
+  }
+  std::string out_file = dir_.File("v6.bin");
+  std::string output;
+  ASSERT_EQ(Get("http://[::1]:" + std::to_string(v6.port()) + "/file.bin -O " + out_file + " -q", &output), 0)
+      << output;
+  EXPECT_EQ(*ReadFileToString(out_file), content_);
+}
+
+TEST_F(HttpToolsTest, ServerLibraryServesJsonApiWithRequestBodies) {
+  EchoJsonHandler handler;
+  InProcessServer server(&handler);
+  RawResponse r;
+  ASSERT_TRUE(RoundTrip(server.port(), "POST /v1/trees/t HTTP/1.1\r\nHost: t\r\nContent-Length: 7\r\n\r\n{\"a\":1}", &r));
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(*r.headers.Find("Content-Type"), "application/json");
+  auto j = nlohmann::json::parse(r.body);
+  EXPECT_EQ(j["path"], "/v1/trees/t");
+  EXPECT_EQ(j["body"], "{\"a\":1}");
+  // Chunked request body after "Expect: 100-continue".
+  UniqueFd fd = ConnectLoopback(server.port());
+  ASSERT_TRUE(SendString(fd.get(),
+                         "POST /v1/x HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n"));
+  std::string pending;
+  RawResponse interim;
+  ASSERT_TRUE(ReadResponse(fd.get(), &pending, &interim));
+  EXPECT_EQ(interim.status, 100);
+  ASSERT_TRUE(SendString(fd.get(), "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"));
+  ASSERT_TRUE(ReadResponse(fd.get(), &pending, &r));
+  EXPECT_EQ(r.status, 201);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["body"], "abcde");
+}
+
+TEST_F(HttpToolsTest, LoadReportsSaneJson) {
+  ASSERT_TRUE(WriteFileAtomic(root_ + "/small.txt", std::string(100, 's')).ok());
+  ::chmod((root_ + "/small.txt").c_str(), 0644);
+  for (const char* mode : {"-k", ""}) {
+    std::string output;
+    int rc = RunCommand(BinaryPath("tools/load/load") + " -n 300 -c 4 -t 2 " + mode + " --duration 20 --json " +
+                            httpd_.Url("/small.txt"),
+                        &output);
+    ASSERT_EQ(rc, 0) << output;
+    auto j = nlohmann::json::parse(JsonLine(output));
+    EXPECT_EQ(j["completed"], 300) << output;
+    EXPECT_EQ(j["ok_2xx"], 300);
+    EXPECT_EQ(j["status_codes"]["200"], 300);
+    EXPECT_EQ(j["errors"]["total"], 0);
+    EXPECT_FALSE(j["time_capped"].get<bool>());
+    double p50 = j["latency_ms"]["p50"], p99 = j["latency_ms"]["p99"], max = j["latency_ms"]["max"];
+    EXPECT_GT(p50, 0);
+    EXPECT_LE(p50, p99);
+    EXPECT_LE(p99, max);
+    EXPECT_GT(j["requests_per_s"].get<double>(), 0);
+    EXPECT_GE(j["bytes"].get<uint64_t>(), 300u * 100u);
+    if (std::string(mode) == "-k") {
+      EXPECT_LE(j["connections_opened"].get<int>(), 4 + 2);
+    } else {
+      EXPECT_EQ(j["connections_opened"], 300);
+    }
+  }
+  // Non-2xx answers are counted by code; the run still completes.
+  std::string output;
+  RunCommand(BinaryPath("tools/load/load") + " -n 50 -c 2 -k --json " + httpd_.Url("/nope"), &output);
+  auto j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["status_codes"]["404"], 50) << output;
+  EXPECT_EQ(j["ok_2xx"], 0);
+  // Connection errors are counted, not fatal, and the run is bounded.
+  output.clear();
+  IgnoresRangeHandler none("");
+  uint16_t dead_port;
+  {
+    InProcessServer s(&none);
+    dead_port = s.port();
+  }
+  int rc = RunCommand(BinaryPath("tools/load/load") + " -n 20 -c 2 --json http://127.0.0.1:" +
+                          std::to_string(dead_port) + "/",
+                      &output);
+  EXPECT_NE(rc, 0);
+  j = nlohmann::json::parse(JsonLine(output));
+  EXPECT_EQ(j["errors"]["connect"], 20) << output;
+}
+
+}  // namespace
+}  // namespace canopy::testing

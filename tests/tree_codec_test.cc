@@ -1,0 +1,239 @@
+// Delta and snapshot codecs: round trips, and detection of every single-byte
+// flip and every truncation (tree/delta.h, tree/snapshot.h).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "base/coding.h"
+#include "base/crc32c.h"
+#include "tests/testing/test_util.h"
+#include "tree/delta.h"
+#include "tree/snapshot.h"
+#include "tree/transaction.h"
+
+namespace canopy::tree {
+namespace {
+
+Delta SampleDelta() {
+  Delta d;
+  d.tree = "users";
+  d.base_version = 41;
+  d.new_version = 42;
+  d.ops = {Op::AppendChild({}),
+           Op::InsertChild({0}, 0),
+           Op::PutAttribute({0, 0}, "name", std::string("bin\0ary", 7)),
+           Op::PutAttribute({0}, "", ""),
+           Op::DeleteAttribute({1, 2, 300}, "gone"),
+           Op::DeleteChild({7}, 123456789)};
+  return d;
+}
+
+// A pseudo-random tree of about `nodes` nodes with attributes of varied sizes.
+Version RandomTree(int nodes, uint64_t seed, size_t max_value = 40) {
+  std::mt19937_64 rng(seed);
+  Transaction txn(Version("rand", 0, Node::Empty()));
+  std::vector<NodePath> paths{{}};
+  for (int i = 1; i < nodes; ++i) {
+    const NodePath& parent = paths[rng() % paths.size()];
+    auto child = txn.AppendChild(parent);
+    EXPECT_TRUE(child.ok());
+    int attrs = static_cast<int>(rng() % 4);
+    for (int a = 0; a < attrs; ++a) {
+      std::string key = "k" + std::to_string(rng() % 10);
+      EXPECT_TRUE(txn.PutAttribute(*child, key, testing::RandomBytes(rng() % (max_value + 1), rng())).ok());
+    }
+    paths.push_back(*child);
+  }
+  return Version("rand", 7, txn.root());
+}
+
+TEST(TreeCodec, DeltaRoundTrip) {
+  Delta d = SampleDelta();
+  std::string enc = EncodeDelta(d);
+  auto back = DecodeDelta(enc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, d);
+
+  Delta empty;
+  auto e = DecodeDelta(EncodeDelta(empty));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(*e, empty);
+  EXPECT_EQ(EncodeDelta(empty).size(), kDeltaMinBytes);
+}
+
+TEST(TreeCodec, DeltaEverySingleByteFlipIsDetected) {
+  std::string enc = EncodeDelta(SampleDelta());
+  for (size_t i = 0; i < enc.size(); ++i) {
+    for (uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xff}}) {
+      std::string bad = enc;
+      bad[i] = static_cast<char>(bad[i] ^ mask);
+      auto r = DecodeDelta(bad);
+      ASSERT_FALSE(r.ok()) << "flip of byte " << i << " mask " << int(mask) << " went unnoticed";
+      EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+    }
+  }
+}
+
+TEST(TreeCodec, DeltaEveryTruncationAndExtensionIsDetected) {
+  std::string enc = EncodeDelta(SampleDelta());
+  for (size_t n = 0; n < enc.size(); ++n) {
+    auto r = DecodeDelta(std::string_view(enc).substr(0, n));
+    ASSERT_FALSE(r.ok()) << "truncation to " << n << " bytes went unnoticed";
+    EXPECT_TRUE(r.status().IsCorruption());
+  }
+  EXPECT_TRUE(DecodeDelta(enc + "x").status().IsCorruption());
+}
+
+TEST(TreeCodec, DeltaHugeCountsWithValidCrcDoNotAllocate) {
+  // A well-formed frame (right length and CRC) whose op count claims 2^60 ops.
+  std::string body;
+  PutFixed32(&body, kDeltaMagic);
+  PutFixed32(&body, 0);
+  PutLengthPrefixed(&body, "t");
+  PutFixed64(&body, 1);
+  PutFixed64(&body, 2);
+  PutVarint64(&body, uint64_t{1} << 60);
+  EncodeFixed32(body.data() + 4, static_cast<uint32_t>(body.size() + 4));
+  PutFixed32(&body, crc32c::Value(body));
+  auto r = DecodeDelta(body);
+  EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+}
+
+TEST(TreeCodec, SnapshotRoundTripAcrossChunkSizes) {
+  Version v = RandomTree(3000, 1, 300);
+  for (size_t chunk : {size_t{64}, size_t{100}, size_t{4096}, kDefaultSnapshotChunkBytes}) {
+    auto chunks = EncodeSnapshotChunks(v, chunk);
+    ASSERT_GE(chunks.size(), 3u);  // BEGIN, NODES..., END
+    for (const auto& c : chunks) EXPECT_LE(c.size(), std::max(chunk, kMinSnapshotChunkBytes));
+    auto back = DecodeSnapshotChunks(chunks);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->tree(), "rand");
+    EXPECT_EQ(back->number(), 7u);
+    EXPECT_TRUE(TreesEqual(back->root(), v.root()));
+    EXPECT_EQ(back->Digest(), v.Digest());
+  }
+}
+
+TEST(TreeCodec, SnapshotOfAnEmptyTreeAndOfAHugeAttribute) {
+  Version empty("e", 0, Node::Empty());
+  auto back = DecodeSnapshotChunks(EncodeSnapshotChunks(empty, 64));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(CountNodes(back->root()), 1u);
+
+  // A 3 MiB value spans many 64 KiB chunks.
+  Transaction txn(Version("big", 0, Node::Empty()));
+  ASSERT_TRUE(txn.AppendChild({}).ok());
+  ASSERT_TRUE(txn.PutAttribute({0}, "blob", testing::RandomBytes(3 << 20, 9)).ok());
+  Version big("big", 1, txn.root());
+  auto chunks = EncodeSnapshotChunks(big, 64 << 10);
+  EXPECT_GT(chunks.size(), 48u);
+  auto b = DecodeSnapshotChunks(chunks);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(TreesEqual(b->root(), big.root()));
+}
+
+TEST(TreeCodec, EveryChunkRespectsTheSizeBoundEvenWithTheLongestName) {
+  Version v = RandomTree(500, 4, 100);
+  Version named(std::string(200, 'n'), 3, v.root());
+  auto chunks = EncodeSnapshotChunks(named, 1);  // clamped to kMinSnapshotChunkBytes
+  ASSERT_GT(chunks.size(), 10u);
+  for (const auto& c : chunks) EXPECT_LE(c.size(), kMinSnapshotChunkBytes);
+  auto back = DecodeSnapshotChunks(chunks);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->tree(), named.tree());
+  EXPECT_EQ(back->Digest(), v.Digest());
+}
+
+TEST(TreeCodec, DigestIsIndependentOfHistory) {
+  Transaction a(Version("t", 0, Node::Empty()));
+  ASSERT_TRUE(a.AppendChild({}).ok());
+  ASSERT_TRUE(a.PutAttribute({0}, "x", "1").ok());
+  Transaction b(Version("t", 0, Node::Empty()));
+  ASSERT_TRUE(b.AppendChild({}).ok());
+  ASSERT_TRUE(b.AppendChild({}).ok());
+  ASSERT_TRUE(b.PutAttribute({1}, "x", "0").ok());
+  ASSERT_TRUE(b.PutAttribute({1}, "x", "1").ok());
+  ASSERT_TRUE(b.DeleteChild({}, 0).ok());
+  EXPECT_EQ(Version("t", 1, a.root()).Digest(), Version("t", 9, b.root()).Digest());
+  ASSERT_TRUE(b.PutAttribute({0}, "x", "2").ok());
+  EXPECT_NE(Version("t", 1, a.root()).Digest(), Version("t", 9, b.root()).Digest());
+}
+
+// Feeds chunks to a fresh reader; returns the first error (AddChunk or Finish).
+Status DecodeAll(const std::vector<std::string>& chunks) {
+  SnapshotReader reader;
+  for (const auto& c : chunks) CANOPY_RETURN_IF_ERROR(reader.AddChunk(c));
+  return reader.Finish().status();
+}
+
+TEST(TreeCodec, SnapshotEverySingleByteFlipIsDetected) {
+  Version v = RandomTree(40, 2);
+  auto chunks = EncodeSnapshotChunks(v, 128);
+  ASSERT_GE(chunks.size(), 4u);
+  ASSERT_TRUE(DecodeAll(chunks).ok());
+  size_t checked = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    for (size_t i = 0; i < chunks[c].size(); ++i) {
+      auto bad = chunks;
+      bad[c][i] = static_cast<char>(bad[c][i] ^ 0x5a);
+      Status s = DecodeAll(bad);
+      ASSERT_FALSE(s.ok()) << "flip of chunk " << c << " byte " << i << " went unnoticed";
+      EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 500u);
+}
+
+TEST(TreeCodec, SnapshotEveryTruncationIsDetected) {
+  Version v = RandomTree(40, 3);
+  auto chunks = EncodeSnapshotChunks(v, 128);
+  // Truncating any chunk at any offset.
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    for (size_t n = 0; n < chunks[c].size(); ++n) {
+      auto bad = chunks;
+      bad[c].resize(n);
+      Status s = DecodeAll(bad);
+      ASSERT_FALSE(s.ok()) << "chunk " << c << " cut to " << n << " bytes went unnoticed";
+      EXPECT_TRUE(s.IsCorruption());
+    }
+  }
+  // Stopping the stream after any number of whole chunks, dropping or
+  // repeating a chunk.
+  for (size_t keep = 0; keep < chunks.size(); ++keep) {
+    std::vector<std::string> prefix(chunks.begin(), chunks.begin() + static_cast<std::ptrdiff_t>(keep));
+    EXPECT_TRUE(DecodeAll(prefix).IsCorruption()) << keep;
+  }
+  for (size_t drop = 0; drop < chunks.size(); ++drop) {
+    auto bad = chunks;
+    bad.erase(bad.begin() + static_cast<std::ptrdiff_t>(drop));
+    EXPECT_TRUE(DecodeAll(bad).IsCorruption()) << drop;
+    auto dup = chunks;
+    dup.insert(dup.begin() + static_cast<std::ptrdiff_t>(drop), chunks[drop]);
+    EXPECT_TRUE(DecodeAll(dup).IsCorruption()) << drop;
+  }
+}
+
+TEST(TreeCodec, SnapshotChunkLengthChecksTheFrame) {
+  auto chunks = EncodeSnapshotChunks(Version("t", 1, Node::Empty()));
+  auto len = SnapshotChunkLength(chunks[0]);
+  ASSERT_TRUE(len.ok());
+  EXPECT_EQ(*len, chunks[0].size());
+  EXPECT_TRUE(SnapshotChunkLength("abc").status().IsCorruption());
+  std::string huge = chunks[0].substr(0, 8);
+  EncodeFixed32(huge.data() + 4, 0xffffffffu);
+  EXPECT_TRUE(SnapshotChunkLength(huge).status().IsCorruption());
+}
+
+TEST(TreeCodec, RandomGarbageNeverCrashesTheDecoders) {
+  for (uint64_t seed = 0; seed < 2000; ++seed) {
+    std::string junk = testing::RandomBytes(seed % 300, seed);
+    EXPECT_FALSE(DecodeDelta(junk).ok());
+    SnapshotReader r;
+    (void)r.AddChunk(junk);
+    EXPECT_FALSE(r.Finish().ok());
+  }
+}
+
+}  // namespace
+}  // namespace canopy::tree

@@ -1,0 +1,549 @@
+// Store: commits, conflicts, WAL reads and truncation, recovery, checkpoints,
+// snapshot installs, policies and concurrency (tree/store.h).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "base/file.h"
+#include "tests/testing/test_util.h"
+#include "tree/store.h"
+
+namespace canopy::tree {
+namespace {
+
+namespace fs = std::filesystem;
+using canopy::testing::TempDir;
+
+StoreOptions Opts(FsyncPolicy p = FsyncPolicy::kAlways) {
+  StoreOptions o;
+  o.fsync = p;
+  o.checkpoint_every_commits = 0;
+  return o;
+}
+
+std::unique_ptr<Store> OpenOrDie(const std::string& dir, const StoreOptions& o) {
+  auto s = Store::Open(dir, o);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// Commit i appends a child with attribute n=i and sets root attribute last=i.
+Result<CommitResult> CommitNumbered(Store& store, std::string_view tree, std::string payload = "") {
+  CANOPY_ASSIGN_OR_RETURN(Transaction txn, store.Begin(tree));
+  std::string n = std::to_string(txn.base().number() + 1);
+  CANOPY_ASSIGN_OR_RETURN(NodePath child, txn.AppendChild({}));
+  CANOPY_RETURN_IF_ERROR(txn.PutAttribute(child, "n", n));
+  if (!payload.empty()) CANOPY_RETURN_IF_ERROR(txn.PutAttribute(child, "payload", payload));
+  CANOPY_RETURN_IF_ERROR(txn.PutAttribute({}, "last", n));
+  return store.Commit(std::move(txn));
+}
+
+// The numbered-commit invariant: version v has v children, child i has n=i+1.
+void ExpectNumbered(const Version& v) {
+  ASSERT_EQ(v.root()->child_count(), v.number());
+  if (v.number() > 0) {
+    auto last = v.root()->attribute("last");
+    ASSERT_TRUE(last.has_value());
+    EXPECT_EQ(*last, std::to_string(v.number()));
+  }
+  for (uint64_t i = 0; i < v.number(); ++i) {
+    auto n = v.root()->child(i)->attribute("n");
+    ASSERT_TRUE(n.has_value()) << i;
+    ASSERT_EQ(*n, std::to_string(i + 1));
+  }
+}
+
+std::vector<std::string> Files(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(TreeStore, CreateCommitAndReopen) {
+  TempDir tmp;
+  uint64_t digest;
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    EXPECT_TRUE(store->CreateTree("users").ok());
+    EXPECT_TRUE(store->CreateTree("orders").ok());
+    EXPECT_EQ(store->CreateTree("users").code(), StatusCode::kAlreadyExists);
+    EXPECT_EQ(store->CreateTree("../x").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(store->CreateTree("").code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(store->ListTrees(), (std::vector<std::string>{"orders", "users"}));
+    EXPECT_TRUE(store->Latest("nope").status().IsNotFound());
+    EXPECT_EQ(*store->LatestVersion("users"), 0u);
+    for (int i = 0; i < 20; ++i) {
+      auto r = CommitNumbered(*store, "users");
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->version, static_cast<uint64_t>(i + 1));
+      auto d = DecodeDelta(r->encoded_delta);
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->new_version, r->version);
+    }
+    EXPECT_EQ(*store->DurableVersion("users"), 20u);
+    digest = store->Latest("users")->Digest();
+    // A second Store on the same directory is refused.
+    EXPECT_TRUE(Store::Open(tmp.path(), Opts()).status().IsUnavailable());
+  }
+  auto store = OpenOrDie(tmp.path(), Opts());
+  EXPECT_EQ(store->ListTrees(), (std::vector<std::string>{"orders", "users"}));
+  auto v = store->Latest("users");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->number(), 20u);
+  EXPECT_EQ(v->Digest(), digest);
+  ExpectNumbered(*v);
+  EXPECT_EQ(*store->LatestVersion("orders"), 0u);
+  ASSERT_TRUE(CommitNumbered(*store, "users").ok());
+  ExpectNumbered(*store->Latest("users"));
+}
+
+TEST(TreeStore, StaleBaseIsAConflictAndOldVersionsStayReadable) {
+  TempDir tmp;
+  auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+  Version v1 = *store->Latest("t");
+
+  Transaction a = *store->Begin("t");
+  Transaction b = *store->Begin("t");
+  ASSERT_TRUE(a.PutAttribute({}, "who", "a").ok());
+  ASSERT_TRUE(b.PutAttribute({}, "who", "b").ok());
+  ASSERT_TRUE(store->Commit(std::move(a)).ok());
+  auto rb = store->Commit(std::move(b));
+  EXPECT_TRUE(rb.status().IsConflict()) << rb.status().ToString();
+  EXPECT_EQ(*store->Latest("t")->root()->attribute("who"), "a");
+
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+  // v1 is untouched by the eleven later commits.
+  EXPECT_EQ(v1.number(), 1u);
+  ExpectNumbered(v1);
+  EXPECT_FALSE(v1.root()->attribute("who").has_value());
+  EXPECT_EQ(store->Latest("t")->number(), 12u);
+}
+
+TEST(TreeStore, ReplicaAppliesTheLeadersDeltas) {
+  TempDir leader_dir, replica_dir;
+  auto leader = OpenOrDie(leader_dir.path(), Opts(FsyncPolicy::kNone));
+  auto replica = OpenOrDie(replica_dir.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(leader->CreateTree("t").ok());
+  ASSERT_TRUE(replica->CreateTree("t").ok());
+  std::vector<std::string> deltas;
+  for (int i = 0; i < 30; ++i) {
+    auto r = CommitNumbered(*leader, "t", std::string(static_cast<size_t>(i), 'x'));
+    ASSERT_TRUE(r.ok());
+    deltas.push_back(r->encoded_delta);
+  }
+  EXPECT_TRUE(replica->ApplyEncodedDelta(deltas[1]).status().IsConflict());  // base 1, replica at 0
+  for (int i = 0; i < 15; ++i) ASSERT_TRUE(replica->ApplyEncodedDelta(deltas[i]).ok());
+  for (int i = 15; i < 30; ++i) ASSERT_TRUE(replica->ApplyDelta(*DecodeDelta(deltas[i])).ok());
+  EXPECT_TRUE(replica->ApplyEncodedDelta(deltas[29]).status().IsConflict());  // duplicate
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
+
+  Delta skip{"t", 30, 32, {}};
+  EXPECT_EQ(replica->ApplyDelta(skip).status().code(), StatusCode::kInvalidArgument);
+  Delta bad{"t", 30, 31, {Op::DeleteChild({}, 999)}};
+  EXPECT_EQ(replica->ApplyDelta(bad).status().code(), StatusCode::kInvalidArgument);
+  Delta other{"nope", 30, 31, {}};
+  EXPECT_TRUE(replica->ApplyDelta(other).status().IsNotFound());
+  std::string corrupt = deltas[0];
+  corrupt[10] ^= 1;
+  EXPECT_TRUE(replica->ApplyEncodedDelta(corrupt).status().IsCorruption());
+  EXPECT_EQ(*replica->LatestVersion("t"), 30u);
+}
+
+TEST(TreeStore, ReadDeltasSinceAndTruncation) {
+  TempDir tmp;
+  StoreOptions o = Opts();
+  o.wal_segment_bytes = 512;  // many segments
+  std::vector<std::string> committed;
+  {
+    auto store = OpenOrDie(tmp.path(), o);
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 60; ++i) committed.push_back(CommitNumbered(*store, "t", "p")->encoded_delta);
+    EXPECT_GT(Files(tmp.path() + "/trees/t", "wal-").size(), 5u);
+
+    auto all = store->ReadDeltasSince("t", 0);
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    EXPECT_EQ(*all, committed);
+    auto tail = store->ReadDeltasSince("t", 57);
+    ASSERT_TRUE(tail.ok());
+    EXPECT_EQ(*tail, std::vector<std::string>(committed.begin() + 57, committed.end()));
+    auto some = store->ReadDeltasSince("t", 10, 1);  // byte budget: at least one delta
+    ASSERT_TRUE(some.ok());
+    ASSERT_EQ(some->size(), 1u);
+    EXPECT_EQ((*some)[0], committed[10]);
+    EXPECT_TRUE(store->ReadDeltasSince("t", 60)->empty());
+    EXPECT_EQ(store->ReadDeltasSince("t", 61).status().code(), StatusCode::kInvalidArgument);
+
+    // No checkpoint yet: truncation may not drop anything.
+    ASSERT_TRUE(store->TruncateWalBefore("t", 50).ok());
+    EXPECT_TRUE(store->ReadDeltasSince("t", 0).ok());
+
+    auto cp = store->Checkpoint("t");
+    ASSERT_TRUE(cp.ok()) << cp.status().ToString();
+    EXPECT_EQ(*cp, 60u);
+    ASSERT_TRUE(store->TruncateWalBefore("t", 40).ok());
+    EXPECT_TRUE(store->ReadDeltasSince("t", 0).status().IsNotFound());
+    EXPECT_TRUE(store->ReadDeltasSince("t", 20).status().IsNotFound());
+    auto after = store->ReadDeltasSince("t", 45);
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_EQ(after->size(), 15u);
+    for (int i = 0; i < 5; ++i) committed.push_back(CommitNumbered(*store, "t", "q")->encoded_delta);
+  }
+  // Recovery: checkpoint 60 + the retained WAL, then the five later commits.
+  auto store = OpenOrDie(tmp.path(), o);
+  auto v = store->Latest("t");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->number(), 65u);
+  ExpectNumbered(*v);
+  auto after = store->ReadDeltasSince("t", 45);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, std::vector<std::string>(committed.begin() + 45, committed.end()));
+  // Truncating everything the checkpoint covers (whole segments only, so the
+  // one holding 60 and 61 survives); later deltas stay readable.
+  ASSERT_TRUE(store->TruncateWalBefore("t", 1000).ok());
+  EXPECT_TRUE(store->ReadDeltasSince("t", 45).status().IsNotFound());
+  EXPECT_EQ(store->ReadDeltasSince("t", 60)->size(), 5u);
+}
+
+TEST(TreeStore, TornAndCorruptWalTailsAreCutNotApplied) {
+  TempDir tmp;
+  std::string seg;
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    seg = Files(tmp.path() + "/trees/t", "wal-").back();
+  }
+  // 1. Half of an eleventh record (a torn write) plus zeros.
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    std::string rec = CommitNumbered(*store, "t")->encoded_delta;  // version 11, in a new segment
+    EXPECT_EQ(store->Latest("t")->number(), 11u);
+  }
+  std::string newest = Files(tmp.path() + "/trees/t", "wal-").back();
+  ASSERT_NE(newest, seg);
+  auto size = *FileSize(newest);
+  ASSERT_EQ(::truncate(newest.c_str(), static_cast<off_t>(size - 5)), 0);
+  {
+    auto fd = OpenFile(newest, O_WRONLY | O_APPEND);
+    std::string zeros(100, '\0');
+    ASSERT_TRUE(WriteAll(fd->get(), zeros.data(), zeros.size(), newest).ok());
+  }
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    auto v = store->Latest("t");
+    EXPECT_EQ(v->number(), 10u);  // the torn version 11 is gone, never half-applied
+    ExpectNumbered(*v);
+    ASSERT_TRUE(CommitNumbered(*store, "t").ok());  // a new 11
+    ASSERT_TRUE(CommitNumbered(*store, "t").ok());  // 12
+  }
+  // 2. A flipped byte in the middle of the last record.
+  newest = Files(tmp.path() + "/trees/t", "wal-").back();
+  size = *FileSize(newest);
+  {
+    auto fd = OpenFile(newest, O_RDWR);
+    char c;
+    ASSERT_EQ(::pread(fd->get(), &c, 1, static_cast<off_t>(size - 10)), 1);
+    c ^= 0x10;
+    ASSERT_EQ(::pwrite(fd->get(), &c, 1, static_cast<off_t>(size - 10)), 1);
+  }
+  auto store = OpenOrDie(tmp.path(), Opts());
+  auto v = store->Latest("t");
+  EXPECT_EQ(v->number(), 11u);
+  ExpectNumbered(*v);
+  EXPECT_LT(*FileSize(newest), size);  // the bad record was cut off the file
+}
+
+TEST(TreeStore, DamagedNewestCheckpointFallsBackToTheOlderOne) {
+  TempDir tmp;
+  uint64_t digest;
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    ASSERT_TRUE(store->Checkpoint("t").ok());
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    ASSERT_TRUE(store->Checkpoint("t").ok());
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    digest = store->Latest("t")->Digest();
+  }
+  auto cps = Files(tmp.path() + "/trees/t", "checkpoint-");
+  ASSERT_EQ(cps.size(), 2u);
+  ASSERT_EQ(::truncate(cps.back().c_str(), 30), 0);
+  auto store = OpenOrDie(tmp.path(), Opts());
+  auto v = store->Latest("t");
+  EXPECT_EQ(v->number(), 25u);
+  EXPECT_EQ(v->Digest(), digest);
+  ExpectNumbered(*v);
+}
+
+TEST(TreeStore, SnapshotInstallStreamsAndPublishesAtomically) {
+  TempDir leader_dir, replica_dir;
+  auto leader = OpenOrDie(leader_dir.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(leader->CreateTree("t").ok());
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(CommitNumbered(*leader, "t", std::string(100, 'p')).ok());
+  Version snap = *leader->Latest("t");
+  {
+    auto replica = OpenOrDie(replica_dir.path(), Opts());
+    // A replica with its own, different history of the tree.
+    ASSERT_TRUE(replica->CreateTree("t").ok());
+    for (int i = 0; i < 400; ++i) ASSERT_TRUE(CommitNumbered(*replica, "t").ok());
+    Version before = *replica->Latest("t");
+
+    // 1. A corrupt stream changes nothing.
+    {
+      auto inst = replica->BeginSnapshotInstall("t");
+      ASSERT_TRUE(inst.ok());
+      SnapshotWriter w(snap, 4096);
+      int n = 0;
+      Status s;
+      while (auto c = w.Next()) {
+        if (++n == 3) (*c)[20] ^= 1;
+        s = (*inst)->AddChunk(*c);
+        if (!s.ok()) break;
+      }
+      EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+      EXPECT_FALSE((*inst)->Finish().ok());
+    }
+    // 2. An abandoned install changes nothing either, and leaves no files.
+    {
+      auto inst = replica->BeginSnapshotInstall("t");
+      SnapshotWriter w(snap, 4096);
+      ASSERT_TRUE((*inst)->AddChunk(*w.Next()).ok());
+      ASSERT_TRUE((*inst)->AddChunk(*w.Next()).ok());
+    }
+    EXPECT_TRUE(fs::is_empty(replica_dir.path() + "/tmp"));
+    EXPECT_EQ(replica->Latest("t")->root(), before.root());
+    // 3. A snapshot of another tree is refused.
+    {
+      auto inst = replica->BeginSnapshotInstall("other");
+      SnapshotWriter w(snap, 4096);
+      EXPECT_FALSE((*inst)->AddChunk(*w.Next()).ok());
+    }
+    // 4. The real install: chunk by chunk; the tree is unchanged until Finish.
+    auto inst = replica->BeginSnapshotInstall("t");
+    ASSERT_TRUE(inst.ok());
+    SnapshotWriter w(snap, 4096);
+    while (auto c = w.Next()) {
+      ASSERT_TRUE((*inst)->AddChunk(*c).ok());
+      EXPECT_EQ(*replica->LatestVersion("t"), 400u);
+    }
+    auto installed = (*inst)->Finish();
+    ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+    EXPECT_EQ(installed->number(), 300u);
+    EXPECT_EQ(replica->Latest("t")->Digest(), snap.Digest());
+    EXPECT_EQ(*replica->DurableVersion("t"), 300u);
+    ExpectNumbered(before);  // the held handle on the replaced history still reads fine
+    EXPECT_TRUE(replica->ReadDeltasSince("t", 299).status().IsNotFound());
+    // Deltas after the snapshot apply.
+    for (int i = 0; i < 5; ++i) {
+      auto r = CommitNumbered(*leader, "t");
+      ASSERT_TRUE(replica->ApplyEncodedDelta(r->encoded_delta).ok());
+    }
+    EXPECT_EQ(replica->ReadDeltasSince("t", 300)->size(), 5u);
+    // A tree that did not exist yet is created by an install.
+    auto fresh = replica->BeginSnapshotInstall("copy");
+    SnapshotWriter w2(Version("copy", snap.number(), snap.root()), 4096);
+    while (auto c = w2.Next()) ASSERT_TRUE((*fresh)->AddChunk(*c).ok());
+    ASSERT_TRUE((*fresh)->Finish().ok());
+  }
+  auto replica = OpenOrDie(replica_dir.path(), Opts());
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
+  EXPECT_EQ(*replica->LatestVersion("t"), 305u);
+  EXPECT_EQ(*replica->LatestVersion("copy"), 300u);
+  EXPECT_EQ(replica->ListTrees(), (std::vector<std::string>{"copy", "t"}));
+}
+
+TEST(TreeStore, GroupCommitFromManyThreads) {
+  TempDir tmp;
+  {
+    auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kAlways));
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    std::atomic<int> failures{0};
+    std::atomic<bool> done{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        int mine = 0;
+        for (int attempt = 0; mine < 40 && attempt < 100000; ++attempt) {
+          auto r = CommitNumbered(*store, "t");
+          if (r.ok()) {
+            ++mine;
+            // Acknowledged means durable under kAlways.
+            if (*store->DurableVersion("t") < r->version) ++failures;
+          } else if (!r.status().IsConflict()) {
+            ++failures;
+          }
+        }
+        if (mine != 40) ++failures;
+      });
+    }
+    std::thread reader([&] {
+      while (!done) {
+        Version v = *store->Latest("t");
+        ExpectNumbered(v);
+      }
+    });
+    std::thread wal_reader([&] {
+      while (!done) {
+        auto deltas = store->ReadDeltasSince("t", 0);
+        if (!deltas.ok()) {
+          ++failures;
+          continue;
+        }
+        uint64_t expect = 1;
+        for (const auto& enc : *deltas) {
+          auto d = DecodeDelta(enc);
+          if (!d.ok() || d->new_version != expect++) ++failures;
+        }
+      }
+    });
+    for (auto& th : threads) th.join();
+    done = true;
+    reader.join();
+    wal_reader.join();
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(*store->LatestVersion("t"), 160u);
+  }
+  auto store = OpenOrDie(tmp.path(), Opts());
+  ExpectNumbered(*store->Latest("t"));
+  EXPECT_EQ(*store->LatestVersion("t"), 160u);
+}
+
+TEST(TreeStore, BatchAndNonePolicies) {
+  TempDir a, b;
+  {
+    StoreOptions o = Opts(FsyncPolicy::kBatch);
+    o.batch_interval = std::chrono::milliseconds(5);
+    auto store = OpenOrDie(a.path(), o);
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (*store->DurableVersion("t") < 50 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_EQ(*store->DurableVersion("t"), 50u);
+  }
+  {
+    auto store = OpenOrDie(b.path(), Opts(FsyncPolicy::kNone));
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 50; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    EXPECT_EQ(*store->DurableVersion("t"), 50u);
+    EXPECT_TRUE(store->SyncAll().ok());
+  }
+  EXPECT_EQ(*OpenOrDie(a.path(), Opts())->LatestVersion("t"), 50u);
+  EXPECT_EQ(*OpenOrDie(b.path(), Opts())->LatestVersion("t"), 50u);
+  EXPECT_EQ(ParseFsyncPolicy("batch").value(), FsyncPolicy::kBatch);
+  EXPECT_EQ(ParseFsyncPolicy("sometimes").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TreeStore, AutomaticCheckpointsBoundTheWal) {
+  TempDir tmp;
+  StoreOptions o = Opts();
+  o.checkpoint_every_commits = 10;
+  o.wal_retain_versions = 5;
+  o.wal_segment_bytes = 300;
+  std::string dir = tmp.path() + "/trees/t";
+  {
+    auto store = OpenOrDie(tmp.path(), o);
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline &&
+           (Files(dir, "checkpoint-").empty() || store->ReadDeltasSince("t", 0).ok())) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_FALSE(Files(dir, "checkpoint-").empty());
+    EXPECT_TRUE(store->ReadDeltasSince("t", 0).status().IsNotFound());
+    EXPECT_TRUE(store->ReadDeltasSince("t", 99).ok());
+  }
+  // Once the store is closed (background work finished), at most two checkpoints remain.
+  EXPECT_LE(Files(dir, "checkpoint-").size(), 2u);
+  auto store = OpenOrDie(tmp.path(), o);
+  EXPECT_EQ(*store->LatestVersion("t"), 100u);
+  ExpectNumbered(*store->Latest("t"));
+}
+
+// Random edits of every kind, checkpoints at random points and small WAL
+// segments: recovery and a replica fed from ReadDeltasSince end up with the
+// same tree as the leader had in memory.
+TEST(TreeStore, RandomHistoriesRecoverAndReplicateIdentically) {
+  TempDir leader_dir, replica_dir;
+  StoreOptions o = Opts(FsyncPolicy::kNone);
+  o.wal_segment_bytes = 2048;
+  std::mt19937_64 rng(77);
+  uint64_t digest = 0;
+  {
+    auto store = OpenOrDie(leader_dir.path(), o);
+    ASSERT_TRUE(store->CreateTree("r").ok());
+    for (int c = 0; c < 300; ++c) {
+      Transaction txn = *store->Begin("r");
+      int ops = 1 + static_cast<int>(rng() % 6);
+      for (int i = 0; i < ops; ++i) {
+        // Walk to a random existing node.
+        NodePath path;
+        NodePtr node = txn.root();
+        while (node->child_count() > 0 && rng() % 3 != 0) {
+          uint64_t k = rng() % node->child_count();
+          path.push_back(k);
+          node = node->child(k);
+        }
+        switch (rng() % 5) {
+          case 0:
+            ASSERT_TRUE(txn.InsertChild(path, rng() % (node->child_count() + 1)).ok());
+            break;
+          case 1:
+            ASSERT_TRUE(txn.AppendChild(path).ok());
+            break;
+          case 2:
+            if (node->child_count() > 0) {
+              ASSERT_TRUE(txn.DeleteChild(path, rng() % node->child_count()).ok());
+            }
+            break;
+          case 3:
+            ASSERT_TRUE(txn.PutAttribute(path, "k" + std::to_string(rng() % 4),
+                                         testing::RandomBytes(rng() % 50, rng()))
+                            .ok());
+            break;
+          case 4:
+            if (!node->attributes().empty()) {
+              ASSERT_TRUE(
+                  txn.DeleteAttribute(path, node->attributes()[rng() % node->attributes().size()].key).ok());
+            }
+            break;
+        }
+      }
+      ASSERT_TRUE(store->Commit(std::move(txn)).ok());
+      if (rng() % 40 == 0) {
+        ASSERT_TRUE(store->Checkpoint("r").ok());
+      }
+    }
+    digest = store->Latest("r")->Digest();
+  }
+  auto leader = OpenOrDie(leader_dir.path(), o);
+  EXPECT_EQ(*leader->LatestVersion("r"), 300u);
+  EXPECT_EQ(leader->Latest("r")->Digest(), digest);
+  auto replica = OpenOrDie(replica_dir.path(), o);
+  ASSERT_TRUE(replica->CreateTree("r").ok());
+  for (int guard = 0; guard < 1000 && *replica->LatestVersion("r") < 300; ++guard) {
+    auto batch = leader->ReadDeltasSince("r", *replica->LatestVersion("r"), 4096);
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    for (const auto& d : *batch) ASSERT_TRUE(replica->ApplyEncodedDelta(d).ok());
+  }
+  EXPECT_EQ(replica->Latest("r")->Digest(), digest);
+  EXPECT_TRUE(TreesEqual(replica->Latest("r")->root(), leader->Latest("r")->root()));
+}
+
+}  // namespace
+}  // namespace canopy::tree

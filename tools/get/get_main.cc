@@ -1,0 +1,316 @@
+// get: a wget-style HTTP/1.1 client. Downloads one URL to a file, with resume
+// (--continue), retries, redirects, a progress bar on a terminal, and a
+// summary in bytes, seconds and Gbit/s (decimal: 1 Gbit = 1e9 bits).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "base/clock.h"
+#include "base/file.h"
+#include "tools/http/client.h"
+#include "tools/http/parser.h"
+#include "tools/http/url.h"
+
+namespace po = boost::program_options;
+using namespace canopy;
+
+namespace {
+
+constexpr size_t kBufferBytes = 1 << 20;
+
+struct Options {
+  std::string url;
+  std::string output;
+  bool resume = false;
+  int tries = 3;
+  double timeout_s = 30;
+  int max_redirects = 10;
+  bool quiet = false;
+  bool json = false;
+  bool progress = false;
+};
+
+// Outcome of a whole download.
+struct Outcome {
+  std::string final_url;
+  int status = 0;
+  uint64_t bytes = 0;          // body bytes received in this run (all attempts)
+  uint64_t file_size = 0;      // size of the output when done
+  uint64_t resumed_from = 0;   // offset the first successful resume started at
+  int attempts = 0;
+  int redirects = 0;
+  bool already_complete = false;
+};
+
+// An error worth another try (network trouble, 5xx) or not (4xx, local I/O).
+struct AttemptError {
+  Status status;
+  bool retryable = false;
+};
+
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled) {}
+  void Update(uint64_t done, int64_t total, bool force = false) {
+    if (!enabled_) return;
+    auto now = Clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(200)) return;
+    last_ = now;
+    double secs = std::chrono::duration<double>(now - start_).count();
+    double gbps = secs > 0 ? static_cast<double>(done - start_bytes_) * 8 / secs / 1e9 : 0;
+    if (total > 0) {
+      int pct = static_cast<int>(static_cast<double>(done) * 100 / static_cast<double>(total));
+      int width = 30;
+      int filled = pct * width / 100;
+      std::fprintf(stderr, "\r%3d%% [%s%s] %llu/%lld bytes %.2f Gbit/s ", pct, std::string(filled, '=').c_str(),
+                   std::string(width - filled, ' ').c_str(), static_cast<unsigned long long>(done),
+                   static_cast<long long>(total), gbps);
+    } else {
+      std::fprintf(stderr, "\r%llu bytes %.2f Gbit/s ", static_cast<unsigned long long>(done), gbps);
+    }
+  }
+  void Begin(uint64_t start_bytes) {
+    start_ = Clock::now();
+    start_bytes_ = start_bytes;
+  }
+  void Finish() {
+    if (enabled_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool enabled_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_{};
+  uint64_t start_bytes_ = 0;
+};
+
+std::string DefaultOutputName(const http::Url& url) {
+  std::string_view path = std::string_view(url.target).substr(0, url.target.find('?'));
+  std::string name(path.substr(path.rfind('/') + 1));
+  Result<std::string> decoded = http::PercentDecode(name);
+  if (decoded.ok()) name = *decoded;
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return "index.html";
+  }
+  return name;
+}
+
+// One attempt: follow redirects, then stream the body into the output.
+// *offset is the number of bytes already in the output file (resume point);
+// it grows as bytes are written so the next attempt can resume.
+AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t* offset, Outcome* out,
+                     ProgressBar* bar) {
+  auto io_timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.timeout_s * 1000));
+  for (int redirect = 0;; ++redirect) {
+    Result<http::SocketAddress> addr = http::ResolveHost(url.host, url.port);
+    if (!addr.ok()) return {addr.status(), true};
+    Result<UniqueFd> conn = http::ConnectTcp(*addr, Deadline::After(io_timeout), io_timeout);
+    if (!conn.ok()) return {conn.status(), true};
+    int fd = conn->get();
+    http::Headers extra;
+    if (*offset > 0) extra.Add("Range", fmt::format("bytes={}-", *offset));
+    Status s = http::SendAll(fd, http::BuildRequest("GET", url, extra, /*keep_alive=*/false, "canopy-get/0.1"));
+    if (!s.ok()) return {s.WithContext(url.ToString()), true};
+    std::string buffer;
+    Result<http::ResponseHead> head = http::ReadResponseHead(fd, &buffer);
+    if (!head.ok()) return {head.status().WithContext(url.ToString()), true};
+    out->status = head->status;
+    out->final_url = url.ToString();
+    int st = head->status;
+    if (st == 301 || st == 302 || st == 303 || st == 307 || st == 308) {
+      const std::string* location = head->headers.Find("Location");
+      if (location == nullptr) return {Status::Corruption(fmt::format("HTTP {} without Location", st)), false};
+      if (redirect >= opt.max_redirects) {
+        return {Status::Aborted(fmt::format("more than {} redirects", opt.max_redirects)), false};
+      }
+      Result<http::Url> next = http::ResolveLocation(url, *location);
+      if (!next.ok()) return {next.status(), false};
+      if (!opt.quiet) std::fprintf(stderr, "get: %d redirect to %s\n", st, next->ToString().c_str());
+      url = *next;
+      ++out->redirects;
+      continue;
+    }
+    if (st == 416 && *offset > 0) {
+      // Complete already when the server's size equals ours.
+      const std::string* cr = head->headers.Find("Content-Range");
+      uint64_t remote = 0;
+      if (cr == nullptr || cr->rfind("bytes */", 0) != 0 || !http::ParseContentLength(cr->substr(8), &remote)) {
+        return {Status::Corruption("416 without a usable Content-Range"), false};
+      }
+      if (remote != *offset) {
+        return {Status::Conflict(fmt::format("local file has {} bytes but the remote one {}", *offset, remote)), false};
+      }
+      out->already_complete = true;
+      out->file_size = *offset;
+      return {Status::Ok(), false};
+    }
+    bool partial = st == 206;
+    if (st != 200 && !partial) {
+      return {Status::Unavailable(fmt::format("{}: HTTP {} {}", url.ToString(), st, head->reason)), st >= 500};
+    }
+    if (partial) {
+      const std::string* cr = head->headers.Find("Content-Range");
+      std::string expect = fmt::format("bytes {}-", *offset);
+      if (*offset == 0 || cr == nullptr || cr->rfind(expect, 0) != 0) {
+        return {Status::Corruption(fmt::format("206 with unexpected Content-Range '{}'", cr ? *cr : "")), false};
+      }
+      if (out->resumed_from == 0) out->resumed_from = *offset;
+    } else if (*offset > 0) {
+      if (!opt.quiet) std::fprintf(stderr, "get: server ignored the Range request; restarting from 0\n");
+      *offset = 0;
+    }
+    Result<http::BodyReader> body = http::BodyReader::ForResponse(*head, /*request_was_head=*/false);
+    if (!body.ok()) return {body.status(), false};
+
+    UniqueFd file;
+    int out_fd = STDOUT_FILENO;
+    if (!to_stdout) {
+      int flags = O_WRONLY | O_CREAT | (partial ? 0 : O_TRUNC);
+      Result<UniqueFd> f = OpenFile(opt.output, flags);
+      if (!f.ok()) return {f.status(), false};
+      file = std::move(*f);
+      if (partial && ::lseek(file.get(), static_cast<off_t>(*offset), SEEK_SET) < 0) {
+        return {ErrnoStatus(errno, "seek " + opt.output), false};
+      }
+      out_fd = file.get();
+    }
+    int64_t declared = body->declared_length();
+    int64_t total = declared >= 0 ? declared + static_cast<int64_t>(*offset) : -1;
+    Status write_status;
+    auto sink = [&](std::string_view piece) {
+      if (!write_status.ok()) return;
+      write_status = WriteAll(out_fd, piece.data(), piece.size(), to_stdout ? "stdout" : opt.output);
+      *offset += piece.size();
+      out->bytes += piece.size();
+    };
+    size_t used = body->Feed(buffer, sink);
+    (void)used;
+    std::string chunk(kBufferBytes, '\0');
+    while (!body->done() && write_status.ok() && !body->failed()) {
+      Result<size_t> n = http::RecvSome(fd, chunk.data(), chunk.size());
+      if (!n.ok()) return {n.status().WithContext(url.ToString()), true};
+      if (*n == 0) {
+        Status eof = body->OnEof();
+        if (!eof.ok()) return {eof.WithContext(url.ToString()), true};
+        break;
+      }
+      body->Feed(std::string_view(chunk.data(), *n), sink);
+      bar->Update(*offset, total);
+    }
+    if (!write_status.ok()) return {write_status, false};
+    if (body->failed()) return {Status::Corruption("bad chunked body: " + body->error()), true};
+    bar->Update(*offset, total, /*force=*/true);
+    out->file_size = *offset;
+    return {Status::Ok(), false};
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options opt;
+    po::options_description desc(
+        "get: download a URL over HTTP/1.1 (like wget)\nusage: get URL [-O FILE] [options]\noptions");
+    desc.add_options()
+        ("help,h", "show this help")
+        ("output-document,O", po::value(&opt.output), "write to FILE ('-' = stdout); default: the URL's file name")
+        ("continue,c", po::bool_switch(&opt.resume), "resume a partial FILE with a Range request")
+        ("tries,t", po::value(&opt.tries)->default_value(opt.tries), "attempts for network errors and 5xx (resuming)")
+        ("timeout,T", po::value(&opt.timeout_s)->default_value(opt.timeout_s),
+         "seconds to wait for connect or for data before an attempt fails")
+        ("max-redirect", po::value(&opt.max_redirects)->default_value(opt.max_redirects), "redirects to follow")
+        ("quiet,q", po::bool_switch(&opt.quiet), "no progress bar and no summary line")
+        ("json", po::bool_switch(&opt.json), "print the summary as one JSON object on stdout")
+        ("url", po::value(&opt.url), "the http:// URL (also positional)");
+    po::positional_options_description pos;
+    pos.add("url", 1);
+    po::variables_map vm;
+    po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    if (opt.url.empty()) throw std::runtime_error("missing URL");
+    if (opt.tries < 1) throw std::runtime_error("--tries must be at least 1");
+    if (opt.timeout_s <= 0) throw std::runtime_error("--timeout must be positive");
+    Result<http::Url> url = http::ParseUrl(opt.url);
+    if (!url.ok()) {
+      std::fprintf(stderr, "get: %s\n", url.status().ToString().c_str());
+      return 2;
+    }
+    if (opt.output.empty()) opt.output = DefaultOutputName(*url);
+    bool to_stdout = opt.output == "-";
+    if (to_stdout && opt.resume) throw std::runtime_error("--continue needs a file, not stdout");
+    if (to_stdout && opt.json) throw std::runtime_error("--json prints on stdout; use -O FILE with it");
+
+    uint64_t offset = 0;
+    if (opt.resume) {
+      struct stat st {};
+      if (::stat(opt.output.c_str(), &st) == 0 && S_ISREG(st.st_mode)) offset = static_cast<uint64_t>(st.st_size);
+    }
+    bool show_progress = !opt.quiet && !opt.json && ::isatty(STDERR_FILENO) == 1;
+    ProgressBar bar(show_progress);
+    Outcome out;
+    auto start = Clock::now();
+    bar.Begin(offset);
+    Status last;
+    for (int attempt = 1; attempt <= opt.tries; ++attempt) {
+      out.attempts = attempt;
+      AttemptError r = Attempt(opt, *url, to_stdout, &offset, &out, &bar);
+      last = r.status;
+      if (r.status.ok()) break;
+      if (!r.retryable || attempt == opt.tries) break;
+      if (!opt.quiet) {
+        std::fprintf(stderr, "%sget: attempt %d failed: %s; retrying%s\n", show_progress ? "\n" : "", attempt,
+                     r.status.ToString().c_str(),
+                     offset > 0 && !to_stdout ? fmt::format(" from byte {}", offset).c_str() : "");
+      }
+      if (to_stdout && offset > 0) break;  // cannot rewind stdout
+      std::this_thread::sleep_for(std::chrono::milliseconds(200 * attempt));
+    }
+    bar.Finish();
+    double secs = std::chrono::duration<double>(Clock::now() - start).count();
+    double gbps = secs > 0 ? static_cast<double>(out.bytes) * 8 / secs / 1e9 : 0;
+    if (opt.json) {
+      nlohmann::json j = {{"url", opt.url},       {"final_url", out.final_url},
+                          {"file", opt.output},   {"ok", last.ok()},
+                          {"status", out.status}, {"bytes", out.bytes},
+                          {"file_size", out.file_size}, {"resumed_from", out.resumed_from},
+                          {"already_complete", out.already_complete}, {"attempts", out.attempts},
+                          {"redirects", out.redirects}, {"seconds", secs},
+                          {"gbit_per_s", gbps}};
+      if (!last.ok()) j["error"] = last.ToString();
+      std::printf("%s\n", j.dump().c_str());
+    }
+    if (!last.ok()) {
+      std::fprintf(stderr, "get: %s\n", last.ToString().c_str());
+      return 1;
+    }
+    if (!opt.quiet && !opt.json) {
+      if (out.already_complete) {
+        std::fprintf(stderr, "get: %s is already complete (%llu bytes)\n", opt.output.c_str(),
+                     static_cast<unsigned long long>(out.file_size));
+      } else {
+        std::fprintf(stderr, "get: %s: %llu bytes in %.3f s = %.3f Gbit/s\n", opt.output.c_str(),
+                     static_cast<unsigned long long>(out.bytes), secs, gbps);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "get: %s (try --help)\n", e.what());
+    return 2;
+  }
+}

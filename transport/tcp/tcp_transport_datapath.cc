@@ -1,0 +1,493 @@
+// TCP datapath: framed sends (sendmsg / sendfile), buffered framed receives,
+// bulk receive into memory (direct read) or files (splice via a pipe).
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/file.h"
+#include "transport/tcp/tcp_transport_impl.h"
+
+namespace canopy::transport::tcp_internal {
+namespace {
+
+constexpr size_t kMaxChunk = size_t{1} << 30;  // per sendfile/splice call
+constexpr size_t kCopyChunk = size_t{256} << 10;
+
+Status ClosedLocally() { return Status::Aborted("connection was closed locally (Close())"); }
+
+bool IsUnsupportedFdError(int err) {
+  return err == EINVAL || err == ENOSYS || err == EOPNOTSUPP || err == ESPIPE;
+}
+
+}  // namespace
+
+TcpConnection::TcpConnection(UniqueFd socket, UniqueFd wake, std::string peer_uri,
+                             const TransportOptions& options, bool zero_copy)
+    : gate_(std::move(socket), std::move(wake)),
+      peer_uri_(std::move(peer_uri)),
+      options_(options),
+      zero_copy_(zero_copy) {}
+
+TcpConnection::~TcpConnection() { gate_.Close(); }
+
+void TcpConnection::Close() { gate_.Close(); }
+
+ConnectionStats TcpConnection::stats() const {
+  ConnectionStats s;
+  s.messages_sent = messages_sent_.load(std::memory_order_relaxed);
+  s.messages_received = messages_received_.load(std::memory_order_relaxed);
+  s.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
+  s.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  return s;
+}
+
+Status TcpConnection::SocketError(int err, std::string_view op) const {
+  if (err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH ||
+      err == ENETUNREACH || err == ECONNABORTED) {
+    // A lost peer is Unavailable whatever the errno (ETIMEDOUT here is the
+    // kernel's retransmission timeout, not one of our deadlines).
+    return Status::Unavailable(std::string(op) + " " + peer_uri_ + ": " + std::strerror(err));
+  }
+  return ErrnoStatus(err, std::string(op) + " " + peer_uri_);
+}
+
+// ------------------------------------------------------------------ send side
+
+Status TcpConnection::Send(uint16_t type, std::string_view payload) {
+  return SendFrame(type, payload, nullptr);
+}
+
+Status TcpConnection::SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) {
+  return SendFrame(type, payload, &bulk);
+}
+
+Status TcpConnection::WaitWritable() {
+  auto timeout_ms = options_.io_timeout.count();
+  int ms = timeout_ms <= 0 ? -1 : static_cast<int>(std::min<int64_t>(timeout_ms, 1'000'000'000));
+  Status s = WaitReady(gate_.fd(), gate_.wake_fd(), POLLOUT, ms);
+  if (s.IsTimeout()) {
+    return Status::Timeout("send to " + peer_uri_ + " made no progress for " + std::to_string(timeout_ms) +
+                           " ms (receiver not reading?)");
+  }
+  if (s.code() == StatusCode::kAborted) return ClosedLocally();
+  return s;
+}
+
+Status TcpConnection::WriteIovecs(iovec* iov, int count, int flags, uint64_t* progress) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    ssize_t n = ::sendmsg(gate_.fd(), &msg, flags | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        CANOPY_RETURN_IF_ERROR(WaitWritable());
+        continue;
+      }
+      return SocketError(errno, "send to");
+    }
+    *progress += static_cast<uint64_t>(n);
+    auto left = static_cast<size_t>(n);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+Status TcpConnection::SendFileRange(int file_fd, uint64_t offset, uint64_t length, uint64_t* progress) {
+  bool use_sendfile = zero_copy_;
+  std::vector<char> scratch;
+  uint64_t done = 0;
+  while (done < length) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, kMaxChunk));
+    if (use_sendfile) {
+      off_t off = static_cast<off_t>(offset + done);
+      ssize_t n = ::sendfile(gate_.fd(), file_fd, &off, want);
+      if (n > 0) {
+        done += static_cast<uint64_t>(n);
+        *progress += static_cast<uint64_t>(n);
+        continue;
+      }
+      if (n == 0) {
+        return Status::IOError("bulk source file ended " + std::to_string(length - done) +
+                               " bytes before the announced length");
+      }
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        CANOPY_RETURN_IF_ERROR(WaitWritable());
+        continue;
+      }
+      if (IsUnsupportedFdError(errno)) {  // e.g. a pipe or a file system without splice support
+        use_sendfile = false;
+        continue;
+      }
+      return SocketError(errno, "sendfile to");
+    }
+    // Fallback: pread into a scratch buffer, then send it.
+    if (scratch.empty()) scratch.resize(kCopyChunk);
+    want = std::min(want, scratch.size());
+    ssize_t n = ::pread(file_fd, scratch.data(), want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "read bulk source file");
+    }
+    if (n == 0) {
+      return Status::IOError("bulk source file ended " + std::to_string(length - done) +
+                             " bytes before the announced length");
+    }
+    iovec iov{scratch.data(), static_cast<size_t>(n)};
+    CANOPY_RETURN_IF_ERROR(WriteIovecs(&iov, 1, 0, progress));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status TcpConnection::SendFrame(uint16_t type, std::string_view payload, const BulkSource* bulk) {
+  if (payload.size() > options_.max_message_bytes) {
+    return Status::InvalidArgument("message payload of " + std::to_string(payload.size()) +
+                                   " bytes exceeds max_message_bytes " +
+                                   std::to_string(options_.max_message_bytes));
+  }
+  if (bulk != nullptr && bulk->is_file() && bulk->file_length > 0) {
+    struct stat st {};
+    if (::fstat(bulk->fd, &st) != 0) return ErrnoStatus(errno, "fstat bulk source file");
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+      return Status::InvalidArgument(
+          "bulk source must be a regular file or a block device (it is read at an offset)");
+    }
+    const auto file_size = static_cast<uint64_t>(st.st_size);
+    if (S_ISREG(st.st_mode) &&
+        (bulk->file_length > file_size || bulk->file_offset > file_size - bulk->file_length)) {
+      return Status::InvalidArgument("bulk source range [" + std::to_string(bulk->file_offset) + ", +" +
+                                     std::to_string(bulk->file_length) +
+                                     ") extends past the end of the file (" + std::to_string(st.st_size) +
+                                     " bytes)");
+    }
+  }
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (gate_.closed()) return ClosedLocally();
+  if (send_shutdown_) return Status::InvalidArgument("Send after Shutdown() on connection to " + peer_uri_);
+  if (!send_broken_.ok()) return send_broken_;
+
+  const uint64_t bulk_len = bulk != nullptr ? bulk->size() : 0;
+  char header[kFrameHeaderSize];
+  EncodeFrameHeader(header, type, payload, bulk_len);
+  iovec iov[3];
+  int count = 0;
+  iov[count++] = iovec{header, kFrameHeaderSize};
+  if (!payload.empty()) iov[count++] = iovec{const_cast<char*>(payload.data()), payload.size()};
+  const bool file_bulk = bulk != nullptr && bulk->is_file() && bulk_len > 0;
+  if (bulk != nullptr && !bulk->is_file() && bulk_len > 0) {
+    iov[count++] = iovec{const_cast<char*>(bulk->memory.data()), bulk->memory.size()};
+  }
+  uint64_t progress = 0;
+  Status s = WriteIovecs(iov, count, file_bulk ? MSG_MORE : 0, &progress);
+  if (s.ok() && file_bulk) s = SendFileRange(bulk->fd, bulk->file_offset, bulk->file_length, &progress);
+  if (!s.ok()) {
+    if (progress > 0 && !gate_.closed()) {
+      // Part of the frame is on the wire: the stream cannot carry another
+      // frame. End it so that the peer sees a cut message (Unavailable)
+      // instead of waiting forever.
+      send_broken_ = Status(s.code(), s.message() +
+                                          " (after part of a message was sent; the connection can no "
+                                          "longer send)");
+      ::shutdown(gate_.fd(), SHUT_WR);
+    }
+    return s;
+  }
+  messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  bytes_sent_.fetch_add(payload.size() + bulk_len, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+Status TcpConnection::Shutdown() {
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  std::lock_guard<std::mutex> lock(send_mu_);  // after any send in progress
+  if (gate_.closed()) return ClosedLocally();
+  if (send_shutdown_) return Status::Ok();
+  send_shutdown_ = true;
+  if (::shutdown(gate_.fd(), SHUT_WR) != 0 && errno != ENOTCONN) return SocketError(errno, "shutdown of");
+  return Status::Ok();
+}
+
+// --------------------------------------------------------------- receive side
+
+Status TcpConnection::EndOfStream(bool at_boundary) {
+  if (at_boundary) {
+    rx_error_ = Status::Closed("peer " + peer_uri_ + " closed the connection");
+  } else {
+    rx_error_ =
+        Status::Unavailable("peer " + peer_uri_ + " closed the connection in the middle of a message");
+  }
+  return rx_error_;
+}
+
+Result<size_t> TcpConnection::ReadDirect(char* dst, size_t n, Deadline deadline) {
+  for (;;) {
+    ssize_t r = ::recv(gate_.fd(), dst, n, 0);
+    if (r > 0) return static_cast<size_t>(r);
+    if (r == 0) return Status::Closed("");  // caller decides Closed vs Unavailable
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      rx_error_ = SocketError(errno, "receive from");
+      return rx_error_;
+    }
+    Status s = WaitReady(gate_.fd(), gate_.wake_fd(), POLLIN, deadline.poll_timeout_ms());
+    if (s.IsTimeout()) return Status::Timeout("receive from " + peer_uri_ + ": deadline passed");
+    if (s.code() == StatusCode::kAborted) return ClosedLocally();
+    CANOPY_RETURN_IF_ERROR(s);
+  }
+}
+
+Status TcpConnection::FillBuffer(Deadline deadline, bool at_boundary) {
+  if (!rx_buffer_) rx_buffer_.reset(new char[kReceiveBufferSize]);
+  if (rx_begin_ > 0) {
+    std::memmove(rx_buffer_.get(), rx_buffer_.get() + rx_begin_, buffered());
+    rx_end_ -= rx_begin_;
+    rx_begin_ = 0;
+  }
+  auto n = ReadDirect(rx_buffer_.get() + rx_end_, kReceiveBufferSize - rx_end_, deadline);
+  if (!n.ok()) {
+    if (n.status().IsClosed() && rx_error_.ok()) return EndOfStream(at_boundary && buffered() == 0);
+    return n.status();
+  }
+  rx_end_ += *n;
+  return Status::Ok();
+}
+
+Status TcpConnection::ReadExactly(char* dst, size_t n, Deadline deadline, uint64_t* progress) {
+  size_t done = 0;
+  while (done < n) {
+    if (buffered() > 0) {
+      size_t take = std::min(buffered(), n - done);
+      std::memcpy(dst + done, rx_buffer_.get() + rx_begin_, take);
+      rx_begin_ += take;
+      done += take;
+      *progress += take;
+      continue;
+    }
+    if (n - done >= kDirectReadMin) {
+      auto r = ReadDirect(dst + done, n - done, deadline);
+      if (!r.ok()) {
+        if (r.status().IsClosed() && rx_error_.ok()) return EndOfStream(false);
+        return r.status();
+      }
+      done += *r;
+      *progress += *r;
+    } else {
+      CANOPY_RETURN_IF_ERROR(FillBuffer(deadline, false));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Message> TcpConnection::Receive(Deadline deadline) {
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  if (!rx_error_.ok()) return rx_error_;
+  if (rx_bulk_pending_ > 0) {
+    return Status::InvalidArgument("Receive called with " + std::to_string(rx_bulk_pending_) +
+                                   " bulk bytes of the previous message not consumed (use ReceiveBulk)");
+  }
+  if (!rx_in_payload_) {
+    while (buffered() < kFrameHeaderSize) CANOPY_RETURN_IF_ERROR(FillBuffer(deadline, buffered() == 0));
+    auto header = DecodeFrameHeader(std::string_view(rx_buffer_.get() + rx_begin_, kFrameHeaderSize),
+                                    options_.max_message_bytes);
+    if (!header.ok()) {
+      rx_error_ = header.status().WithContext("frame from " + peer_uri_);
+      return rx_error_;
+    }
+    rx_begin_ += kFrameHeaderSize;
+    rx_header_ = *header;
+    rx_payload_.assign(rx_header_.payload_len, '\0');
+    rx_payload_filled_ = 0;
+    rx_in_payload_ = true;
+  }
+  uint64_t progress = 0;
+  Status s = ReadExactly(rx_payload_.data() + rx_payload_filled_, rx_header_.payload_len - rx_payload_filled_,
+                         deadline, &progress);
+  rx_payload_filled_ += progress;
+  CANOPY_RETURN_IF_ERROR(s);  // a Timeout keeps the partial payload for the next call
+  rx_in_payload_ = false;
+  Status verified = VerifyFramePayload(rx_header_, rx_payload_);
+  if (!verified.ok()) {
+    rx_error_ = verified.WithContext("frame from " + peer_uri_);
+    return rx_error_;
+  }
+  Message message;
+  message.type = rx_header_.type;
+  message.payload = std::move(rx_payload_);
+  message.bulk_bytes = rx_header_.bulk_len;
+  rx_payload_.clear();
+  rx_bulk_pending_ = rx_header_.bulk_len;
+  messages_received_.fetch_add(1, std::memory_order_relaxed);
+  bytes_received_.fetch_add(message.payload.size(), std::memory_order_relaxed);
+  return message;
+}
+
+Status TcpConnection::EnsurePipe() {
+  if (pipe_read_.valid()) return Status::Ok();
+  int fds[2];
+  if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2 for splice");
+  pipe_read_.Reset(fds[0]);
+  pipe_write_.Reset(fds[1]);
+  // Larger pipes mean fewer splice calls; the kernel caps this at
+  // fs.pipe-max-size for unprivileged processes, so failure is fine.
+  int want = static_cast<int>(std::clamp<size_t>(options_.buffer_bytes, 64 << 10, 1 << 20));
+  (void)::fcntl(fds[1], F_SETPIPE_SZ, want);
+  int size = ::fcntl(fds[1], F_GETPIPE_SZ);
+  pipe_capacity_ = size > 0 ? static_cast<size_t>(size) : 64 << 10;
+  return Status::Ok();
+}
+
+Status TcpConnection::BulkToFileBuffered(int fd, uint64_t offset, uint64_t length, Deadline deadline,
+                                         uint64_t* progress) {
+  uint64_t done = 0;
+  while (done < length) {
+    if (buffered() > 0) {
+      size_t take = static_cast<size_t>(std::min<uint64_t>(buffered(), length - done));
+      CANOPY_RETURN_IF_ERROR(
+          PwriteAll(fd, rx_buffer_.get() + rx_begin_, take, offset + done, "write bulk data"));
+      rx_begin_ += take;
+      done += take;
+      *progress += take;
+      continue;
+    }
+    if (length - done < kDirectReadMin) {
+      CANOPY_RETURN_IF_ERROR(FillBuffer(deadline, false));
+      continue;
+    }
+    // Large remainder: read up to kCopyBufferSize at once (never past the bulk).
+    if (!copy_buffer_) copy_buffer_.reset(new char[kCopyBufferSize]);
+    size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, kCopyBufferSize));
+    auto n = ReadDirect(copy_buffer_.get(), want, deadline);
+    if (!n.ok()) {
+      if (n.status().IsClosed() && rx_error_.ok()) return EndOfStream(false);
+      return n.status();
+    }
+    CANOPY_RETURN_IF_ERROR(PwriteAll(fd, copy_buffer_.get(), *n, offset + done, "write bulk data"));
+    done += *n;
+    *progress += *n;
+  }
+  return Status::Ok();
+}
+
+Status TcpConnection::BulkToFile(int fd, uint64_t offset, uint64_t length, Deadline deadline,
+                                 uint64_t* progress) {
+  if (!zero_copy_) return BulkToFileBuffered(fd, offset, length, deadline, progress);
+  uint64_t done = 0;
+  // Bytes already in the receive buffer go out with pwrite.
+  if (buffered() > 0) {
+    uint64_t take = std::min<uint64_t>(buffered(), length);
+    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(fd, offset, take, deadline, progress));
+    done += take;
+  }
+  if (done < length && splice_sink_ok_) CANOPY_RETURN_IF_ERROR(EnsurePipe());
+  while (done < length && splice_sink_ok_) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, pipe_capacity_));
+    ssize_t n =
+        ::splice(gate_.fd(), nullptr, pipe_write_.get(), nullptr, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n == 0) return EndOfStream(false);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        Status s = WaitReady(gate_.fd(), gate_.wake_fd(), POLLIN, deadline.poll_timeout_ms());
+        if (s.IsTimeout())
+          return Status::Timeout("receive bulk data from " + peer_uri_ + ": deadline passed");
+        if (s.code() == StatusCode::kAborted) return ClosedLocally();
+        CANOPY_RETURN_IF_ERROR(s);
+        continue;
+      }
+      if (IsUnsupportedFdError(errno)) {
+        splice_sink_ok_ = false;
+        break;
+      }
+      rx_error_ = SocketError(errno, "receive bulk data from");
+      return rx_error_;
+    }
+    // Drain the pipe into the file.
+    auto in_pipe = static_cast<size_t>(n);
+    while (in_pipe > 0) {
+      loff_t off = static_cast<loff_t>(offset + done);
+      ssize_t w =
+          splice_sink_ok_ ? ::splice(pipe_read_.get(), nullptr, fd, &off, in_pipe, SPLICE_F_MOVE) : -1;
+      if (w > 0) {
+        done += static_cast<uint64_t>(w);
+        *progress += static_cast<uint64_t>(w);
+        in_pipe -= static_cast<size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && splice_sink_ok_ && !IsUnsupportedFdError(errno) && errno != EBADF) {
+        return ErrnoStatus(errno, "write bulk data");
+      }
+      // The sink cannot be spliced into (O_APPEND, some file systems):
+      // move what sits in the pipe with read + pwrite, then stop splicing.
+      splice_sink_ok_ = false;
+      char chunk[16 << 10];
+      ssize_t r = ::read(pipe_read_.get(), chunk, std::min(in_pipe, sizeof(chunk)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return Status::Internal("could not drain the splice pipe");
+      CANOPY_RETURN_IF_ERROR(PwriteAll(fd, chunk, static_cast<size_t>(r), offset + done, "write bulk data"));
+      done += static_cast<uint64_t>(r);
+      *progress += static_cast<uint64_t>(r);
+      in_pipe -= static_cast<size_t>(r);
+    }
+  }
+  if (done < length) {
+    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(fd, offset + done, length - done, deadline, progress));
+  }
+  return Status::Ok();
+}
+
+Status TcpConnection::ReceiveBulk(const BulkSink& sink, uint64_t length, Deadline deadline) {
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  if (!rx_error_.ok()) return rx_error_;
+  if (length > rx_bulk_pending_) {
+    return Status::InvalidArgument("ReceiveBulk of " + std::to_string(length) + " bytes, but only " +
+                                   std::to_string(rx_bulk_pending_) + " bulk bytes are pending");
+  }
+  if (length == 0) return Status::Ok();
+  if (!sink.is_file() && sink.memory == nullptr)
+    return Status::InvalidArgument("ReceiveBulk into a null buffer");
+  uint64_t progress = 0;
+  Status s = sink.is_file() ? BulkToFile(sink.fd, sink.file_offset, length, deadline, &progress)
+                            : ReadExactly(sink.memory, static_cast<size_t>(length), deadline, &progress);
+  if (!s.ok()) {
+    if (progress > 0 && rx_error_.ok() && s.code() != StatusCode::kAborted) {
+      // The caller cannot know how much was consumed: the stream position is lost.
+      rx_error_ = Status(s.code(), s.message() +
+                                       " (part-way through bulk data; the connection can no longer "
+                                       "receive)");
+      return rx_error_;
+    }
+    return s;
+  }
+  rx_bulk_pending_ -= length;
+  bytes_received_.fetch_add(length, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+}  // namespace canopy::transport::tcp_internal

@@ -1,0 +1,230 @@
+#include "tree/delta.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "base/coding.h"
+#include "base/crc32c.h"
+#include "tree/node_impl.h"
+
+namespace canopy::tree {
+
+const char* OpTypeName(OpType type) {
+  switch (type) {
+    case OpType::kInsertChild:
+      return "InsertChild";
+    case OpType::kAppendChild:
+      return "AppendChild";
+    case OpType::kDeleteChild:
+      return "DeleteChild";
+    case OpType::kPutAttribute:
+      return "PutAttribute";
+    case OpType::kDeleteAttribute:
+      return "DeleteAttribute";
+  }
+  return "UnknownOp";
+}
+
+Op Op::InsertChild(NodePath parent, uint64_t index) {
+  Op op;
+  op.type = OpType::kInsertChild;
+  op.path = std::move(parent);
+  op.index = index;
+  return op;
+}
+Op Op::AppendChild(NodePath parent) {
+  Op op;
+  op.type = OpType::kAppendChild;
+  op.path = std::move(parent);
+  return op;
+}
+Op Op::DeleteChild(NodePath parent, uint64_t index) {
+  Op op;
+  op.type = OpType::kDeleteChild;
+  op.path = std::move(parent);
+  op.index = index;
+  return op;
+}
+Op Op::PutAttribute(NodePath node, std::string key, std::string value) {
+  Op op;
+  op.type = OpType::kPutAttribute;
+  op.path = std::move(node);
+  op.key = std::move(key);
+  op.value = std::move(value);
+  return op;
+}
+Op Op::DeleteAttribute(NodePath node, std::string key) {
+  Op op;
+  op.type = OpType::kDeleteAttribute;
+  op.path = std::move(node);
+  op.key = std::move(key);
+  return op;
+}
+
+namespace {
+
+bool HasIndex(OpType t) { return t == OpType::kInsertChild || t == OpType::kDeleteChild; }
+bool HasKey(OpType t) { return t == OpType::kPutAttribute || t == OpType::kDeleteAttribute; }
+bool ValidType(uint8_t t) { return t >= 1 && t <= 5; }
+
+Status BadOp(const Op& op, std::string_view why) {
+  return Status::InvalidArgument(std::string(OpTypeName(op.type)) + " at " + NodePathToString(op.path) +
+                                 ": " + std::string(why));
+}
+
+}  // namespace
+
+std::string EncodeDelta(const Delta& delta) {
+  std::string out;
+  PutFixed32(&out, kDeltaMagic);
+  PutFixed32(&out, 0);  // total length, patched below
+  PutLengthPrefixed(&out, delta.tree);
+  PutFixed64(&out, delta.base_version);
+  PutFixed64(&out, delta.new_version);
+  PutVarint64(&out, delta.ops.size());
+  for (const Op& op : delta.ops) {
+    PutFixed8(&out, static_cast<uint8_t>(op.type));
+    PutVarint64(&out, op.path.size());
+    for (uint64_t i : op.path) PutVarint64(&out, i);
+    if (HasIndex(op.type)) PutVarint64(&out, op.index);
+    if (HasKey(op.type)) PutLengthPrefixed(&out, op.key);
+    if (op.type == OpType::kPutAttribute) PutLengthPrefixed(&out, op.value);
+  }
+  EncodeFixed32(out.data() + 4, static_cast<uint32_t>(out.size() + 4));
+  PutFixed32(&out, crc32c::Value(out));
+  return out;
+}
+
+Result<Delta> DecodeDelta(std::string_view encoded) {
+  if (encoded.size() < kDeltaMinBytes) {
+    return Status::Corruption("delta of " + std::to_string(encoded.size()) + " bytes is too short");
+  }
+  if (DecodeFixed32(encoded.data()) != kDeltaMagic) return Status::Corruption("delta: bad magic");
+  uint32_t total = DecodeFixed32(encoded.data() + 4);
+  if (total != encoded.size()) {
+    return Status::Corruption("delta: length field says " + std::to_string(total) + " bytes, have " +
+                              std::to_string(encoded.size()));
+  }
+  uint32_t want_crc = DecodeFixed32(encoded.data() + encoded.size() - 4);
+  uint32_t have_crc = crc32c::Value(encoded.data(), encoded.size() - 4);
+  if (want_crc != have_crc) return Status::Corruption("delta: CRC32C mismatch");
+
+  ByteReader r(encoded.substr(8, encoded.size() - 12));
+  Delta d;
+  CANOPY_ASSIGN_OR_RETURN(std::string_view name, r.ReadLengthPrefixed());
+  d.tree = std::string(name);
+  CANOPY_ASSIGN_OR_RETURN(d.base_version, r.ReadFixed64());
+  CANOPY_ASSIGN_OR_RETURN(d.new_version, r.ReadFixed64());
+  // Every op takes at least two bytes (type, path length).
+  CANOPY_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarintBounded(r.remaining() / 2, "delta op count"));
+  d.ops.reserve(static_cast<size_t>(count));
+  for (uint64_t n = 0; n < count; ++n) {
+    Op op;
+    CANOPY_ASSIGN_OR_RETURN(uint8_t type, r.ReadFixed8());
+    if (!ValidType(type)) return Status::Corruption("delta: unknown op type " + std::to_string(type));
+    op.type = static_cast<OpType>(type);
+    CANOPY_ASSIGN_OR_RETURN(uint64_t depth, r.ReadVarintBounded(r.remaining(), "delta path length"));
+    op.path.reserve(static_cast<size_t>(depth));
+    for (uint64_t i = 0; i < depth; ++i) {
+      CANOPY_ASSIGN_OR_RETURN(uint64_t idx, r.ReadVarint64());
+      op.path.push_back(idx);
+    }
+    if (HasIndex(op.type)) {
+      CANOPY_ASSIGN_OR_RETURN(op.index, r.ReadVarint64());
+    }
+    if (HasKey(op.type)) {
+      CANOPY_ASSIGN_OR_RETURN(std::string_view key, r.ReadLengthPrefixed());
+      op.key = std::string(key);
+    }
+    if (op.type == OpType::kPutAttribute) {
+      CANOPY_ASSIGN_OR_RETURN(std::string_view value, r.ReadLengthPrefixed());
+      op.value = std::string(value);
+    }
+    d.ops.push_back(std::move(op));
+  }
+  if (!r.empty()) {
+    return Status::Corruption("delta: " + std::to_string(r.remaining()) + " trailing bytes");
+  }
+  return d;
+}
+
+Status ApplyOpInPlace(NodePtr* root, const Op& op) {
+  // 1. Validate without touching anything.
+  const Node* target = root->get();
+  for (size_t depth = 0; depth < op.path.size(); ++depth) {
+    if (op.path[depth] >= target->child_count()) {
+      return BadOp(op, "no such node (index " + std::to_string(op.path[depth]) + " at depth " +
+                           std::to_string(depth) + " is out of range)");
+    }
+    target = target->child(static_cast<size_t>(op.path[depth])).get();
+  }
+  switch (op.type) {
+    case OpType::kInsertChild:
+      if (op.index > target->child_count()) {
+        return BadOp(op, "insert index " + std::to_string(op.index) + " > child count " +
+                             std::to_string(target->child_count()));
+      }
+      break;
+    case OpType::kDeleteChild:
+      if (op.index >= target->child_count()) {
+        return BadOp(op, "delete index " + std::to_string(op.index) + " >= child count " +
+                             std::to_string(target->child_count()));
+      }
+      break;
+    case OpType::kDeleteAttribute:
+      if (!target->attribute(op.key)) return BadOp(op, "no attribute '" + op.key + "'");
+      break;
+    case OpType::kAppendChild:
+    case OpType::kPutAttribute:
+      break;
+    default:
+      return BadOp(op, "unknown op type");
+  }
+
+  // 2. Path copying: make every node from the root to the target uniquely ours.
+  NodePtr* slot = root;
+  for (size_t depth = 0;; ++depth) {
+    if (slot->use_count() != 1) *slot = std::make_shared<Node>(**slot);
+    if (depth == op.path.size()) break;
+    slot = &NodeBuilderAccess::children(**slot)[static_cast<size_t>(op.path[depth])];
+  }
+
+  // 3. Edit the (now private) target.
+  const Node& node = **slot;
+  auto& kids = NodeBuilderAccess::children(node);
+  auto& attrs = NodeBuilderAccess::attributes(node);
+  switch (op.type) {
+    case OpType::kInsertChild:
+      kids.insert(kids.begin() + static_cast<std::ptrdiff_t>(op.index), Node::Empty());
+      break;
+    case OpType::kAppendChild:
+      kids.push_back(Node::Empty());
+      break;
+    case OpType::kDeleteChild:
+      kids.erase(kids.begin() + static_cast<std::ptrdiff_t>(op.index));
+      break;
+    case OpType::kPutAttribute:
+    case OpType::kDeleteAttribute: {
+      auto it = std::lower_bound(attrs.begin(), attrs.end(), op.key,
+                                 [](const Attribute& a, const std::string& k) { return a.key < k; });
+      bool found = it != attrs.end() && it->key == op.key;
+      if (op.type == OpType::kDeleteAttribute) {
+        attrs.erase(it);
+      } else if (found) {
+        it->value = op.value;
+      } else {
+        attrs.insert(it, Attribute{op.key, op.value});
+      }
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<Op>& ops) {
+  NodePtr working = root;  // shared with the caller, so the first edit copies
+  for (const Op& op : ops) CANOPY_RETURN_IF_ERROR(ApplyOpInPlace(&working, op));
+  return working;
+}
+
+}  // namespace canopy::tree

@@ -1,0 +1,84 @@
+// Edit operations and the Delta codec.
+//
+// A Delta is what one commit did to one tree: {tree, base version, new
+// version (base + 1), ops}. Applied to the tree at `base_version` it yields
+// `new_version`. It is the unit of the WAL and of replication.
+//
+// Encoding (all integers little-endian, see tree/README.md):
+//   fixed32 magic "CDL1" | fixed32 total_length (whole encoding, CRC included)
+//   | varint name_len, name | fixed64 base_version | fixed64 new_version
+//   | varint op_count | ops... | fixed32 crc32c(every preceding byte)
+// An op is: u8 type | varint path_len, varint index * path_len | then
+//   kInsertChild, kDeleteChild: varint index
+//   kAppendChild: nothing
+//   kPutAttribute: varint key_len, key, varint value_len, value
+//   kDeleteAttribute: varint key_len, key
+//
+// DecodeDelta never trusts its input: the length and CRC are checked before
+// anything is parsed, every count is bounded by the bytes that remain, and a
+// bad byte anywhere, a truncation at any offset or trailing garbage yields
+// Corruption (never a crash or a large allocation).
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "tree/node.h"
+
+namespace canopy::tree {
+
+enum class OpType : uint8_t {
+  kInsertChild = 1,      // insert an empty child of `path` at position `index` (0..child_count)
+  kAppendChild = 2,      // append an empty child to `path`
+  kDeleteChild = 3,      // delete child `index` of `path` (with its subtree)
+  kPutAttribute = 4,     // set attribute `key` of the node at `path` to `value`
+  kDeleteAttribute = 5,  // remove attribute `key` of the node at `path` (must exist)
+};
+
+const char* OpTypeName(OpType type);
+
+struct Op {
+  OpType type = OpType::kAppendChild;
+  NodePath path;       // the node the op acts on (the parent for child ops)
+  uint64_t index = 0;  // kInsertChild / kDeleteChild only
+  std::string key;     // attribute ops only
+  std::string value;   // kPutAttribute only
+
+  static Op InsertChild(NodePath parent, uint64_t index);
+  static Op AppendChild(NodePath parent);
+  static Op DeleteChild(NodePath parent, uint64_t index);
+  static Op PutAttribute(NodePath node, std::string key, std::string value);
+  static Op DeleteAttribute(NodePath node, std::string key);
+
+  bool operator==(const Op&) const = default;
+};
+
+struct Delta {
+  std::string tree;
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  std::vector<Op> ops;
+
+  bool operator==(const Delta&) const = default;
+};
+
+inline constexpr uint32_t kDeltaMagic = 0x314C4443;  // "CDL1" little-endian
+// Smallest possible encoding (empty name, no ops): header, versions, count, crc.
+inline constexpr size_t kDeltaMinBytes = 4 + 4 + 1 + 8 + 8 + 1 + 4;
+
+std::string EncodeDelta(const Delta& delta);
+// Corruption on any malformed, truncated or altered input.
+Result<Delta> DecodeDelta(std::string_view encoded);
+
+// Applies `ops` in order to `root` by path copying and returns the new root;
+// `root` itself is never modified. InvalidArgument (naming the op and path) if
+// an op addresses a node or child index that does not exist, or deletes a
+// missing attribute; nothing is returned then.
+Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<Op>& ops);
+
+}  // namespace canopy::tree

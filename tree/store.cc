@@ -1,0 +1,801 @@
+#include "tree/store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <utility>
+
+#include "base/coding.h"
+#include "base/file.h"
+#include "base/logging.h"
+#include "tree/wal_impl.h"
+
+namespace canopy::tree {
+
+const char* FsyncPolicyName(FsyncPolicy policy) {
+  switch (policy) {
+    case FsyncPolicy::kAlways:
+      return "always";
+    case FsyncPolicy::kBatch:
+      return "batch";
+    case FsyncPolicy::kNone:
+      return "none";
+  }
+  return "unknown";
+}
+
+Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name) {
+  if (name == "always") return FsyncPolicy::kAlways;
+  if (name == "batch") return FsyncPolicy::kBatch;
+  if (name == "none") return FsyncPolicy::kNone;
+  return Status::InvalidArgument("unknown fsync policy '" + std::string(name) +
+                                 "' (want always, batch or none)");
+}
+
+Status Store::ValidateTreeName(std::string_view name) {
+  if (name.empty() || name.size() > 200) {
+    return Status::InvalidArgument("tree name must be 1..200 characters, got " + std::to_string(name.size()));
+  }
+  if (name[0] == '.') return Status::InvalidArgument("tree name '" + std::string(name) + "' starts with '.'");
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    if (!ok) {
+      return Status::InvalidArgument("tree name '" + std::string(name) +
+                                     "' has a character outside [A-Za-z0-9._-]");
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+struct TreeState {
+  TreeState(std::string n, std::string d) : name(std::move(n)), dir(std::move(d)) {}
+  const std::string name;
+  const std::string dir;  // <store>/trees/<name>; never changes
+
+  // Serialises checkpoints, WAL truncation and snapshot installs; taken before mu.
+  std::mutex maintenance_mu;
+
+  std::mutex mu;  // guards everything below
+  std::condition_variable sync_cv;
+  Version latest;
+  uint64_t synced = 0;  // newest version known synced
+  uint64_t unsynced_bytes = 0;
+  bool sync_running = false;
+  uint64_t generation = 0;  // bumped when a snapshot install replaces the tree
+  Status failed;            // non-ok: read-only until reopen
+  uint64_t checkpoint_version = 0;
+  uint64_t commits_since_checkpoint = 0;
+  bool checkpoint_queued = false;
+  std::unique_ptr<WalWriter> wal;
+};
+
+std::string TreeLabel(const TreeState& t) { return "tree '" + t.name + "'"; }
+
+Result<std::vector<std::string>> ListDir(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return ErrnoStatus(errno, "opendir " + dir);
+  std::vector<std::string> out;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(std::move(name));
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Streams a snapshot of `v` into `path` via "<path>.tmp": fsync, rename, fsync dir.
+Status WriteCheckpointFile(const std::string& path, const Version& v, size_t chunk_bytes) {
+  std::string tmp = path + ".tmp";
+  Status s;
+  {
+    auto fd = OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!fd.ok()) return fd.status();
+    s = WriteSnapshot(v, chunk_bytes, [&](std::string_view chunk) {
+      return WriteAll(fd->get(), chunk.data(), chunk.size(), tmp);
+    });
+    if (s.ok()) s = FsyncFd(fd->get(), tmp);
+  }
+  if (s.ok()) s = RenameFile(tmp, path);
+  if (s.ok()) s = FsyncDir(DirName(path));
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
+}
+
+// Reads and fully verifies a checkpoint file.
+Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree, uint64_t version) {
+  CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  BufferedFileReader in(std::move(fd), path);
+  SnapshotReader reader;
+  while (!reader.complete()) {
+    CANOPY_ASSIGN_OR_RETURN(std::string_view head, in.Peek(8));
+    if (head.empty()) break;
+    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(head));
+    if (len > in.remaining()) return Status::Corruption(path + ": truncated chunk");
+    CANOPY_ASSIGN_OR_RETURN(std::string_view chunk, in.Peek(len));
+    if (chunk.size() < len) return Status::Corruption(path + ": truncated chunk");
+    CANOPY_RETURN_IF_ERROR(reader.AddChunk(chunk).WithContext(path));
+    in.Skip(len);
+  }
+  CANOPY_ASSIGN_OR_RETURN(Version v, reader.Finish());
+  CANOPY_ASSIGN_OR_RETURN(std::string_view rest, in.Peek(1));
+  if (!rest.empty()) return Status::Corruption(path + ": bytes after the END chunk");
+  if (v.tree() != tree || v.number() != version) {
+    return Status::Corruption(path + ": holds tree '" + v.tree() + "' version " + std::to_string(v.number()));
+  }
+  return v;
+}
+
+class StoreImpl;
+
+class InstallerImpl final : public SnapshotInstaller {
+ public:
+  InstallerImpl(StoreImpl* store, std::string tree, std::string dir)
+      : store_(store), tree_(std::move(tree)), dir_(std::move(dir)) {}
+  ~InstallerImpl() override {
+    file_.Reset();
+    if (!finished_) (void)RemoveTree(dir_);
+  }
+  Status AddChunk(std::string_view chunk) override;
+  Result<Version> Finish() override;
+
+ private:
+  StoreImpl* store_;
+  std::string tree_;
+  std::string dir_;  // private directory under <store>/tmp
+  std::string path_;
+  UniqueFd file_;
+  SnapshotReader reader_;
+  Status error_;
+  bool finished_ = false;
+};
+
+class StoreImpl final : public Store {
+ public:
+  StoreImpl(std::string dir, StoreOptions options)
+      : dir_(std::move(dir)),
+        trees_dir_(JoinPath(dir_, "trees")),
+        tmp_dir_(JoinPath(dir_, "tmp")),
+        options_(options) {}
+
+  ~StoreImpl() override {
+    {
+      std::lock_guard lk(bg_mu_);
+      stop_ = true;
+    }
+    bg_cv_.notify_all();
+    if (bg_thread_.joinable()) bg_thread_.join();
+    if (options_.fsync == FsyncPolicy::kBatch) {
+      Status s = SyncAll();
+      if (!s.ok()) CANOPY_LOG(kWarn, "store {}: final sync failed: {}", dir_, s.ToString());
+    }
+  }
+
+  Status Init() {
+    CANOPY_RETURN_IF_ERROR(CreateDirs(trees_dir_));
+    CANOPY_RETURN_IF_ERROR(CreateDirs(tmp_dir_));
+    std::string lock_path = JoinPath(dir_, "LOCK");
+    CANOPY_ASSIGN_OR_RETURN(lock_fd_, OpenFile(lock_path, O_RDWR | O_CREAT, 0644));
+    if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        return Status::Unavailable("store " + dir_ + " is already open (LOCK is held)");
+      return ErrnoStatus(errno, "flock " + lock_path);
+    }
+    CANOPY_ASSIGN_OR_RETURN(auto leftovers, ListDir(tmp_dir_));
+    for (const auto& name : leftovers) CANOPY_RETURN_IF_ERROR(RemoveTree(JoinPath(tmp_dir_, name)));
+    CANOPY_ASSIGN_OR_RETURN(auto names, ListDir(trees_dir_));
+    for (const auto& name : names) {
+      if (!ValidateTreeName(name).ok()) {
+        CANOPY_LOG(kWarn, "store {}: ignoring {} (not a tree name)", dir_, JoinPath(trees_dir_, name));
+        continue;
+      }
+      CANOPY_ASSIGN_OR_RETURN(auto t, RecoverTree(name));
+      trees_.emplace(name, std::move(t));
+    }
+    bg_thread_ = std::thread([this] { BackgroundLoop(); });
+    return Status::Ok();
+  }
+
+  // ------------------------------------------------------------ trees
+
+  Status CreateTree(std::string_view name) override {
+    CANOPY_RETURN_IF_ERROR(ValidateTreeName(name));
+    std::unique_lock lk(trees_mu_);
+    if (trees_.count(name)) return Status::AlreadyExists("tree '" + std::string(name) + "' already exists");
+    std::string dir = JoinPath(trees_dir_, name);
+    if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + dir);
+    Status s = FsyncDir(trees_dir_);
+    if (!s.ok()) {
+      ::rmdir(dir.c_str());
+      return s;
+    }
+    auto t = NewTreeState(std::string(name), Version(std::string(name), 0, Node::Empty()));
+    trees_.emplace(std::string(name), std::move(t));
+    return Status::Ok();
+  }
+
+  bool HasTree(std::string_view name) const override {
+    std::shared_lock lk(trees_mu_);
+    return trees_.count(name) > 0;
+  }
+
+  std::vector<std::string> ListTrees() const override {
+    std::shared_lock lk(trees_mu_);
+    std::vector<std::string> out;
+    for (const auto& [name, t] : trees_) out.push_back(name);
+    return out;
+  }
+
+  Result<Version> Latest(std::string_view tree) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    return t->latest;
+  }
+
+  Result<uint64_t> LatestVersion(std::string_view tree) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    return t->latest.number();
+  }
+
+  Result<uint64_t> DurableVersion(std::string_view tree) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    return t->synced;
+  }
+
+  Result<Transaction> Begin(std::string_view tree) const override {
+    CANOPY_ASSIGN_OR_RETURN(Version v, Latest(tree));
+    return Transaction(std::move(v));
+  }
+
+  // ------------------------------------------------------------ writes
+
+  Result<CommitResult> Commit(Transaction txn) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(txn.base().tree()));
+    Delta delta = txn.ToDelta();
+    return CommitDelta(*t, delta, txn.base().root(), txn.root(), "");
+  }
+
+  Result<CommitResult> ApplyDelta(const Delta& delta) override {
+    if (delta.new_version != delta.base_version + 1) {
+      return Status::InvalidArgument("delta for tree '" + delta.tree + "' goes from version " +
+                                     std::to_string(delta.base_version) + " to " +
+                                     std::to_string(delta.new_version) + ", not to the next version");
+    }
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(delta.tree));
+    return CommitDelta(*t, delta, nullptr, nullptr, "");
+  }
+
+  Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) override {
+    CANOPY_ASSIGN_OR_RETURN(Delta delta, DecodeDelta(encoded));
+    if (delta.new_version != delta.base_version + 1) return ApplyDelta(delta);  // the error
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(delta.tree));
+    return CommitDelta(*t, delta, nullptr, nullptr, encoded);
+  }
+
+  // ------------------------------------------------------------ WAL reads
+
+  Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
+                                                   size_t max_bytes) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::vector<WalSegment> segments;
+    uint64_t latest;
+    {
+      std::lock_guard lk(t->mu);
+      latest = t->latest.number();
+      segments = t->wal->segments();
+    }
+    std::vector<std::string> out;
+    if (version > latest) {
+      return Status::InvalidArgument(TreeLabel(*t) + ": version " + std::to_string(version) +
+                                     " is newer than the newest version " + std::to_string(latest));
+    }
+    if (version == latest) return out;
+    auto not_retained = [&] {
+      return Status::NotFound(TreeLabel(*t) + ": the WAL no longer holds the delta after version " +
+                              std::to_string(version) + " (a snapshot is needed)");
+    };
+    size_t i = 0;
+    while (i < segments.size() && segments[i].last_version <= version) ++i;
+    if (i == segments.size() || segments[i].first_version > version + 1) return not_retained();
+    uint64_t expected_base = version;
+    size_t bytes = 0;
+    const Status stop = Status::Aborted("enough");
+    for (; i < segments.size(); ++i) {
+      const WalSegment& seg = segments[i];
+      if (seg.first_version > expected_base + 1) break;  // a gap: the rest is not contiguous
+      auto scan = ScanSegment(seg.path, seg.bytes, [&](const Delta& d, std::string_view enc) -> Status {
+        if (d.new_version <= expected_base) return Status::Ok();
+        if (d.base_version != expected_base) return stop;
+        out.emplace_back(enc);
+        expected_base = d.new_version;
+        bytes += enc.size();
+        if (bytes >= max_bytes || expected_base >= latest) return stop;
+        return Status::Ok();
+      });
+      if (!scan.ok() && scan.status().code() != StatusCode::kAborted) {
+        if (scan.status().IsNotFound()) return not_retained();  // segment deleted meanwhile
+        return scan.status();
+      }
+      if (!scan.ok() || bytes >= max_bytes || expected_base >= latest) break;
+    }
+    if (out.empty()) return not_retained();
+    return out;
+  }
+
+  // ------------------------------------------------------------ maintenance
+
+  Result<uint64_t> Checkpoint(std::string_view tree) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    return CheckpointTree(*t);
+  }
+
+  Status TruncateWalBefore(std::string_view tree, uint64_t version) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard mlk(t->maintenance_mu);
+    return TruncateLocked(*t, version);
+  }
+
+  Result<std::unique_ptr<SnapshotInstaller>> BeginSnapshotInstall(std::string_view tree) override {
+    CANOPY_RETURN_IF_ERROR(ValidateTreeName(tree));
+    std::string dir = JoinPath(
+        tmp_dir_, "install-" + std::to_string(::getpid()) + "-" + std::to_string(tmp_counter_.fetch_add(1)));
+    if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + dir);
+    return std::unique_ptr<SnapshotInstaller>(std::make_unique<InstallerImpl>(this, std::string(tree), dir));
+  }
+
+  // Moves the finished install directory into place as tree `name` at version `v`.
+  Status PublishInstall(const std::string& name, const std::string& install_dir, const Version& v) {
+    std::string tree_dir = JoinPath(trees_dir_, name);
+    Version installed(name, v.number(), v.root());
+    std::shared_ptr<TreeState> t;
+    {
+      std::unique_lock lk(trees_mu_);
+      auto it = trees_.find(name);
+      if (it == trees_.end()) {
+        CANOPY_RETURN_IF_ERROR(RenameFile(install_dir, tree_dir));
+        CANOPY_RETURN_IF_ERROR(FsyncDir(trees_dir_));
+        auto state = NewTreeState(name, installed);
+        state->checkpoint_version = v.number();
+        trees_.emplace(name, std::move(state));
+        return Status::Ok();
+      }
+      t = it->second;
+    }
+    std::lock_guard mlk(t->maintenance_mu);
+    std::unique_lock lk(t->mu);
+    t->wal->CloseActive();
+    if (::renameat2(AT_FDCWD, install_dir.c_str(), AT_FDCWD, tree_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      return ErrnoStatus(errno, "exchange " + install_dir + " with " + tree_dir);
+    }
+    // From here on the tree directory holds the snapshot; the old one is in install_dir.
+    ++t->generation;
+    t->wal = std::make_unique<WalWriter>(t->dir, options_.wal_segment_bytes, SyncsFiles());
+    t->latest = installed;
+    t->synced = v.number();
+    t->unsynced_bytes = 0;
+    t->failed = Status::Ok();
+    t->checkpoint_version = v.number();
+    t->commits_since_checkpoint = 0;
+    t->sync_cv.notify_all();
+    lk.unlock();
+    Status s = FsyncDir(trees_dir_);
+    Status r = RemoveTree(install_dir);
+    if (!r.ok())
+      CANOPY_LOG(kWarn, "{}: could not remove the replaced state: {}", TreeLabel(*t), r.ToString());
+    return s;
+  }
+
+  Status SyncAll() override {
+    std::vector<std::shared_ptr<TreeState>> all;
+    {
+      std::shared_lock lk(trees_mu_);
+      for (const auto& [n, t] : trees_) all.push_back(t);
+    }
+    Status first;
+    for (const auto& t : all) {
+      std::unique_lock lk(t->mu);
+      Status s = SyncLocked(lk, *t, t->latest.number(), /*force=*/true);
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+
+  const std::string& dir() const override { return dir_; }
+  const StoreOptions& options() const override { return options_; }
+
+  const std::string& tmp_dir() const { return tmp_dir_; }
+
+ private:
+  bool SyncsFiles() const { return options_.fsync != FsyncPolicy::kNone; }
+
+  std::shared_ptr<TreeState> NewTreeState(const std::string& name, Version v) {
+    auto t = std::make_shared<TreeState>(name, JoinPath(trees_dir_, name));
+    t->synced = v.number();
+    t->latest = std::move(v);
+    t->wal = std::make_unique<WalWriter>(t->dir, options_.wal_segment_bytes, SyncsFiles());
+    return t;
+  }
+
+  Result<std::shared_ptr<TreeState>> FindTree(std::string_view name) const {
+    std::shared_lock lk(trees_mu_);
+    auto it = trees_.find(name);
+    if (it == trees_.end()) return Status::NotFound("no tree '" + std::string(name) + "' in store " + dir_);
+    return it->second;
+  }
+
+  Result<CommitResult> CommitDelta(TreeState& t, const Delta& delta, const NodePtr& base_root,
+                                   NodePtr new_root, std::string_view encoded) {
+    std::unique_lock lk(t.mu);
+    if (!t.failed.ok()) return t.failed;
+    if (delta.base_version != t.latest.number() || (base_root && base_root != t.latest.root())) {
+      return Status::Conflict(TreeLabel(t) + ": commit is based on version " +
+                              std::to_string(delta.base_version) + " but the newest version is " +
+                              std::to_string(t.latest.number()));
+    }
+    if (!new_root) {
+      auto applied = ApplyOps(t.latest.root(), delta.ops);
+      if (!applied.ok()) {
+        return applied.status().WithContext(TreeLabel(t) + ": delta to version " +
+                                            std::to_string(delta.new_version) + " does not apply");
+      }
+      new_root = std::move(*applied);
+    }
+    std::string owned;
+    if (encoded.empty()) {
+      owned = EncodeDelta(delta);
+      encoded = owned;
+    }
+    bool broken = false;
+    Status s = t.wal->Append(encoded, delta.new_version, SyncsFiles(), &broken);
+    if (!s.ok()) {
+      if (broken) {
+        t.failed = Status::IOError(TreeLabel(t) + ": WAL state in doubt after a failed write or sync (" +
+                                   s.message() + "); the tree is read-only until the store is reopened");
+      }
+      return s.WithContext(TreeLabel(t) + ": commit of version " + std::to_string(delta.new_version) +
+                           " failed, the tree stays at version " + std::to_string(t.latest.number()));
+    }
+    uint64_t v = delta.new_version;
+    t.latest = Version(t.name, v, std::move(new_root));
+    t.unsynced_bytes += encoded.size();
+    if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
+    bool queue_checkpoint = false;
+    if (options_.checkpoint_every_commits > 0 &&
+        ++t.commits_since_checkpoint >= options_.checkpoint_every_commits && !t.checkpoint_queued) {
+      t.checkpoint_queued = true;
+      queue_checkpoint = true;
+    }
+    CommitResult result{v, owned.empty() ? std::string(encoded) : std::move(owned)};
+    if (options_.fsync == FsyncPolicy::kAlways) {
+      Status ds = SyncLocked(lk, t, v, false);
+      if (!ds.ok()) return ds;
+    }
+    bool kick = options_.fsync == FsyncPolicy::kBatch && t.unsynced_bytes >= options_.batch_bytes;
+    lk.unlock();
+    if (queue_checkpoint || kick) {
+      std::shared_ptr<TreeState> self;
+      if (queue_checkpoint) {
+        auto found = FindTree(t.name);
+        if (found.ok()) self = *found;
+      }
+      {
+        std::lock_guard bl(bg_mu_);
+        if (self) checkpoint_queue_.push_back(std::move(self));
+        if (kick) batch_kick_ = true;
+      }
+      bg_cv_.notify_one();
+    }
+    return result;
+  }
+
+  // Waits until version `v` is synced, syncing itself if no one else is
+  // (group commit: one fdatasync covers every record written before it).
+  // REQUIRES: lk holds t.mu.
+  Status SyncLocked(std::unique_lock<std::mutex>& lk, TreeState& t, uint64_t v, bool force) {
+    const uint64_t gen = t.generation;
+    if (!force && options_.fsync == FsyncPolicy::kNone) return Status::Ok();
+    bool forced_done = false;
+    while (t.synced < v || (force && !forced_done)) {
+      if (!t.failed.ok()) return t.failed;
+      if (t.generation != gen) {
+        return Status::Aborted(TreeLabel(t) +
+                               " was replaced by a snapshot install before the commit was synced");
+      }
+      if (t.sync_running) {
+        t.sync_cv.wait(lk);
+        continue;
+      }
+      t.sync_running = true;
+      uint64_t target = t.latest.number();
+      uint64_t bytes = t.unsynced_bytes;
+      std::shared_ptr<UniqueFd> fd = t.wal->active_fd();
+      lk.unlock();
+      Status s = fd ? SyncData(fd->get(), t.dir + " WAL") : Status::Ok();
+      lk.lock();
+      t.sync_running = false;
+      forced_done = true;
+      if (t.generation == gen) {
+        if (s.ok()) {
+          t.synced = std::max(t.synced, target);
+          t.unsynced_bytes -= std::min(t.unsynced_bytes, bytes);
+        } else {
+          t.failed = Status::IOError(TreeLabel(t) + ": WAL sync failed (" + s.ToString() +
+                                     "); the tree is read-only until the store is reopened");
+        }
+      }
+      t.sync_cv.notify_all();
+    }
+    return Status::Ok();
+  }
+
+  Result<uint64_t> CheckpointTree(TreeState& t) {
+    std::lock_guard mlk(t.maintenance_mu);
+    Version v;
+    {
+      std::lock_guard lk(t.mu);
+      t.checkpoint_queued = false;
+      // After a failed sync the newest versions are in doubt; do not make them durable.
+      if (!t.failed.ok()) return t.failed;
+      v = t.latest;
+    }
+    std::string path = JoinPath(t.dir, CheckpointName(v.number()));
+    Status s = WriteCheckpointFile(path, v, options_.snapshot_chunk_bytes);
+    if (!s.ok()) return s.WithContext(TreeLabel(t) + ": checkpoint at version " + std::to_string(v.number()));
+    {
+      std::lock_guard lk(t.mu);
+      t.checkpoint_version = std::max(t.checkpoint_version, v.number());
+      uint64_t since = t.latest.number() - v.number();
+      t.commits_since_checkpoint = std::min(t.commits_since_checkpoint, since);
+    }
+    // Keep the newest two checkpoints (the older one is a fallback should the newest be damaged).
+    auto names = ListDir(t.dir);
+    if (names.ok()) {
+      std::vector<uint64_t> versions;
+      for (const auto& n : *names) {
+        uint64_t cv;
+        if (ParseCheckpointName(n, &cv) && cv <= v.number()) versions.push_back(cv);
+      }
+      std::sort(versions.rbegin(), versions.rend());
+      for (size_t i = 2; i < versions.size(); ++i)
+        (void)RemoveFile(JoinPath(t.dir, CheckpointName(versions[i])));
+    }
+    return v.number();
+  }
+
+  // REQUIRES: t.maintenance_mu held.
+  Status TruncateLocked(TreeState& t, uint64_t version) {
+    std::lock_guard lk(t.mu);
+    uint64_t limit = std::min(version, t.checkpoint_version);
+    auto& segs = t.wal->segments();
+    size_t drop = 0;
+    while (drop < segs.size() && segs[drop].last_version <= limit) ++drop;
+    if (drop == 0) return Status::Ok();
+    if (drop == segs.size() && t.wal->active_fd()) t.wal->CloseActive();
+    Status first;
+    size_t removed = 0;
+    for (; removed < drop; ++removed) {
+      Status s = RemoveFile(segs[removed].path);
+      if (!s.ok()) {
+        first = s;
+        break;
+      }
+    }
+    segs.erase(segs.begin(), segs.begin() + static_cast<std::ptrdiff_t>(removed));
+    return first;
+  }
+
+  Result<std::shared_ptr<TreeState>> RecoverTree(const std::string& name) {
+    std::string dir = JoinPath(trees_dir_, name);
+    CANOPY_ASSIGN_OR_RETURN(auto files, ListDir(dir));
+    std::vector<uint64_t> checkpoints, segment_firsts;
+    for (const auto& f : files) {
+      uint64_t v;
+      if (EndsWith(f, ".tmp")) {
+        CANOPY_RETURN_IF_ERROR(RemoveFile(JoinPath(dir, f)));
+      } else if (ParseCheckpointName(f, &v)) {
+        checkpoints.push_back(v);
+      } else if (ParseWalSegmentName(f, &v)) {
+        segment_firsts.push_back(v);
+      }
+    }
+    std::sort(checkpoints.rbegin(), checkpoints.rend());
+    std::sort(segment_firsts.begin(), segment_firsts.end());
+
+    Version current(name, 0, Node::Empty());
+    uint64_t checkpoint_version = 0;
+    for (uint64_t cv : checkpoints) {
+      auto loaded = LoadCheckpoint(JoinPath(dir, CheckpointName(cv)), name, cv);
+      if (loaded.ok()) {
+        current = std::move(*loaded);
+        checkpoint_version = cv;
+        break;
+      }
+      CANOPY_LOG(kWarn, "tree '{}': skipping unreadable checkpoint: {}", name, loaded.status().ToString());
+    }
+
+    uint64_t version = current.number();
+    NodePtr root = current.root();
+    std::vector<WalSegment> segments;
+    for (uint64_t first : segment_firsts) {
+      WalSegment seg;
+      seg.path = JoinPath(dir, WalSegmentName(first));
+      bool any = false;
+      auto scan = ScanSegment(seg.path, UINT64_MAX, [&](const Delta& d, std::string_view) -> Status {
+        if (d.tree != name || d.new_version != d.base_version + 1 ||
+            (any && d.base_version != seg.last_version)) {
+          return Status::Corruption(seg.path + ": record for tree '" + d.tree + "' " +
+                                    std::to_string(d.base_version) + " -> " + std::to_string(d.new_version) +
+                                    " does not belong here");
+        }
+        if (!any) seg.first_version = d.new_version;
+        any = true;
+        seg.last_version = d.new_version;
+        if (d.new_version <= version) return Status::Ok();  // already in the checkpoint
+        if (d.base_version != version) {
+          return Status::Corruption("tree '" + name + "': WAL gap: recovered up to version " +
+                                    std::to_string(version) + ", but the next record in " + seg.path +
+                                    " is based on version " + std::to_string(d.base_version));
+        }
+        auto applied = ApplyOps(root, d.ops);
+        if (!applied.ok()) {
+          return Status::Corruption(seg.path + ": delta to version " + std::to_string(d.new_version) +
+                                    " does not apply: " + applied.status().message());
+        }
+        root = std::move(*applied);
+        version = d.new_version;
+        return Status::Ok();
+      });
+      if (!scan.ok()) return scan.status();
+      CANOPY_ASSIGN_OR_RETURN(uint64_t size, FileSize(seg.path));
+      if (scan->torn) {
+        CANOPY_LOG(kWarn, "tree '{}': cutting the WAL tail of {} at offset {} ({}; {} bytes dropped)", name,
+                   seg.path, scan->valid_bytes, scan->torn_reason, size - scan->valid_bytes);
+        if (::truncate(seg.path.c_str(), static_cast<off_t>(scan->valid_bytes)) != 0) {
+          return ErrnoStatus(errno, "truncate " + seg.path);
+        }
+      }
+      if (!any) {
+        CANOPY_RETURN_IF_ERROR(RemoveFile(seg.path));
+        continue;
+      }
+      seg.bytes = scan->valid_bytes;
+      segments.push_back(std::move(seg));
+    }
+    if (SyncsFiles()) CANOPY_RETURN_IF_ERROR(FsyncDir(dir));
+    auto t = NewTreeState(name, Version(name, version, root));
+    t->checkpoint_version = checkpoint_version;
+    t->commits_since_checkpoint = version - current.number();
+    t->wal->segments() = std::move(segments);
+    return t;
+  }
+
+  void BackgroundLoop() {
+    const auto idle = options_.fsync == FsyncPolicy::kBatch
+                          ? std::max(options_.batch_interval, std::chrono::milliseconds(1))
+                          : std::chrono::milliseconds(1000);
+    for (;;) {
+      std::deque<std::shared_ptr<TreeState>> queue;
+      {
+        std::unique_lock lk(bg_mu_);
+        bg_cv_.wait_for(lk, idle, [&] { return stop_ || !checkpoint_queue_.empty() || batch_kick_; });
+        if (stop_) return;
+        queue.swap(checkpoint_queue_);
+        batch_kick_ = false;
+      }
+      if (options_.fsync == FsyncPolicy::kBatch) {
+        std::vector<std::shared_ptr<TreeState>> all;
+        {
+          std::shared_lock lk(trees_mu_);
+          for (const auto& [n, t] : trees_) all.push_back(t);
+        }
+        for (const auto& t : all) {
+          std::unique_lock lk(t->mu);
+          if (t->synced >= t->latest.number() || !t->failed.ok()) continue;
+          Status s = SyncLocked(lk, *t, t->latest.number(), false);
+          if (!s.ok()) CANOPY_LOG(kError, "{}", s.ToString());
+        }
+      }
+      for (const auto& t : queue) {
+        auto v = CheckpointTree(*t);
+        if (!v.ok()) {
+          CANOPY_LOG(kWarn, "{}", v.status().ToString());
+          continue;
+        }
+        std::lock_guard mlk(t->maintenance_mu);
+        uint64_t keep_from = *v > options_.wal_retain_versions ? *v - options_.wal_retain_versions : 0;
+        Status s = TruncateLocked(*t, keep_from);
+        if (!s.ok()) CANOPY_LOG(kWarn, "{}: WAL truncation: {}", TreeLabel(*t), s.ToString());
+      }
+    }
+  }
+
+  const std::string dir_;
+  const std::string trees_dir_;
+  const std::string tmp_dir_;
+  const StoreOptions options_;
+  UniqueFd lock_fd_;
+  std::atomic<uint64_t> tmp_counter_{0};
+
+  mutable std::shared_mutex trees_mu_;
+  std::map<std::string, std::shared_ptr<TreeState>, std::less<>> trees_;
+
+  std::mutex bg_mu_;
+  std::condition_variable bg_cv_;
+  bool stop_ = false;
+  bool batch_kick_ = false;
+  std::deque<std::shared_ptr<TreeState>> checkpoint_queue_;
+  std::thread bg_thread_;
+};
+
+Status InstallerImpl::AddChunk(std::string_view chunk) {
+  if (!error_.ok()) return error_;
+  if (finished_) return error_ = Status::InvalidArgument("snapshot install already finished");
+  bool had_begun = reader_.begun();
+  Status s = reader_.AddChunk(chunk);
+  if (s.ok() && !had_begun && reader_.begun()) {
+    if (reader_.tree() != tree_) {
+      s = Status::InvalidArgument("snapshot is of tree '" + reader_.tree() + "', not '" + tree_ + "'");
+    } else {
+      path_ = JoinPath(dir_, CheckpointName(reader_.version()));
+      auto fd = OpenFile(path_, O_WRONLY | O_CREAT | O_EXCL, 0644);
+      if (fd.ok()) {
+        file_ = std::move(*fd);
+      } else {
+        s = fd.status();
+      }
+    }
+  }
+  if (s.ok()) s = WriteAll(file_.get(), chunk.data(), chunk.size(), path_);
+  if (!s.ok()) error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
+  return error_;
+}
+
+Result<Version> InstallerImpl::Finish() {
+  if (!error_.ok()) return error_;
+  if (finished_) return Status::InvalidArgument("snapshot install already finished");
+  auto v = reader_.Finish();
+  if (!v.ok()) return error_ = v.status().WithContext("installing a snapshot of tree '" + tree_ + "'");
+  // The one sync of the whole install: the file, then its directory.
+  Status s = FsyncFd(file_.get(), path_);
+  file_.Reset();
+  if (s.ok()) s = FsyncDir(dir_);
+  if (s.ok()) s = store_->PublishInstall(tree_, dir_, *v);
+  if (!s.ok()) return error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
+  finished_ = true;
+  return Version(tree_, v->number(), v->root());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& dir, const StoreOptions& options) {
+  if (options.fsync == FsyncPolicy::kBatch && options.batch_interval.count() <= 0) {
+    return Status::InvalidArgument("batch_interval must be positive");
+  }
+  auto store = std::make_unique<StoreImpl>(dir, options);
+  CANOPY_RETURN_IF_ERROR(store->Init().WithContext("open store " + dir));
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+}  // namespace canopy::tree

@@ -1,0 +1,170 @@
+// Store: a directory of named, versioned, durable trees.
+//
+// Each tree has a linear history of versions 0, 1, 2, ... (version 0 is the
+// empty root). A commit turns version v into v + 1 by applying a Delta with
+// path copying; readers hold Version handles and are never blocked or
+// affected by commits. Every commit is appended to the tree's write-ahead log
+// (WAL) before it is acknowledged; periodic checkpoints (snapshot files) bound
+// recovery time. Open() recovers each tree from its newest valid checkpoint
+// plus a replay of the WAL, cutting a torn or corrupt tail (never applying
+// it). The on-disk format is described in tree/README.md.
+//
+// Durability (StoreOptions::fsync):
+//   kAlways: Commit/ApplyDelta return only after the record is fsynced;
+//            concurrent committers on a tree share one fdatasync (group commit).
+//   kBatch:  records are synced by a background thread every batch_interval,
+//            or sooner once batch_bytes are unsynced; a crash may lose the
+//            last unsynced commits (never a half-applied one).
+//   kNone:   never synced (the OS decides); DurableVersion == LatestVersion.
+// A new version becomes visible (Latest, a base for the next commit) as soon
+// as its WAL record is written, before its fsync completes; DurableVersion
+// says what is synced. With kAlways, Commit returning OK means durable.
+//
+// Errors: a stale base is Conflict; an unknown tree NotFound; a full disk or
+// file size limit ResourceExhausted — the failed commit is not applied, its
+// partial WAL record is cut, and the tree stays readable at its last good
+// version. If an fsync itself fails, the data on disk is in doubt: the tree
+// turns read-only and every later write on it returns IOError until the store
+// is reopened (which recovers what did reach the disk).
+//
+// Thread safety: every Store method may be called from any number of threads
+// concurrently. Writes to one tree are serialised by a per-tree mutex; reads
+// (Latest, Version handles) never wait for fsyncs. The Store must outlive the
+// SnapshotInstallers it hands out. Versions are immutable and outlive the Store.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "base/status.h"
+#include "tree/delta.h"
+#include "tree/node.h"
+#include "tree/snapshot.h"
+#include "tree/transaction.h"
+#include "tree/version.h"
+
+namespace canopy::tree {
+
+enum class FsyncPolicy : uint8_t { kAlways = 0, kBatch = 1, kNone = 2 };
+const char* FsyncPolicyName(FsyncPolicy policy);
+// "always" | "batch" | "none"; InvalidArgument otherwise.
+Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name);
+
+struct StoreOptions {
+  FsyncPolicy fsync = FsyncPolicy::kAlways;
+  // kBatch: sync at least this often...
+  std::chrono::milliseconds batch_interval{10};
+  // ...or as soon as this many bytes are unsynced.
+  uint64_t batch_bytes = 1 << 20;
+  // Write a checkpoint (in the background) after this many commits on a
+  // tree since its last one; 0 disables automatic checkpoints.
+  uint64_t checkpoint_every_commits = 10000;
+  // After an automatic checkpoint at version c, WAL segments holding only
+  // deltas with new_version <= c - wal_retain_versions are deleted, so
+  // replicas that lag by less than this can still catch up from the WAL.
+  uint64_t wal_retain_versions = 10000;
+  // A new WAL segment is started once the current one reaches this size.
+  uint64_t wal_segment_bytes = 64 << 20;
+  // Chunk size of checkpoint files.
+  size_t snapshot_chunk_bytes = kDefaultSnapshotChunkBytes;
+};
+
+struct CommitResult {
+  uint64_t version = 0;       // the new version number
+  std::string encoded_delta;  // EncodeDelta() of what was committed (also the WAL record)
+};
+
+// Receives a snapshot stream for one tree (a replica catching up, a node
+// joining). Chunks are checked and decoded as they arrive and written to a
+// temporary checkpoint file without any fsync; Finish() syncs once, publishes
+// the tree atomically (the old state of the tree, if any, is replaced
+// whole — its WAL and checkpoints included) and the tree is then at the
+// snapshot's version, ready for ApplyDelta of the following deltas.
+// Destroying an unfinished installer discards everything it wrote; the tree
+// is unchanged. Used by one thread at a time.
+class SnapshotInstaller {
+ public:
+  virtual ~SnapshotInstaller() = default;
+  // One whole chunk (as produced by SnapshotWriter). Corruption if the chunk
+  // is bad or names another tree; the installer is then unusable.
+  virtual Status AddChunk(std::string_view chunk) = 0;
+  // Corruption if the stream is incomplete. On success returns the installed version.
+  virtual Result<Version> Finish() = 0;
+};
+
+class Store {
+ public:
+  // Opens (creating if needed) the store in `dir` and recovers every tree.
+  // Corruption if a tree cannot be recovered consistently (e.g. a WAL gap
+  // after its checkpoint); PermissionDenied / IOError from the file system.
+  static Result<std::unique_ptr<Store>> Open(const std::string& dir, const StoreOptions& options);
+
+  // Stops background work and, for kBatch, syncs what is unsynced.
+  virtual ~Store() = default;
+
+  // Tree names: 1..200 characters from [A-Za-z0-9._-], not starting with '.'.
+  static Status ValidateTreeName(std::string_view name);
+
+  // Creates an empty tree at version 0, durably. AlreadyExists if present.
+  virtual Status CreateTree(std::string_view name) = 0;
+  virtual bool HasTree(std::string_view name) const = 0;
+  // Sorted names.
+  virtual std::vector<std::string> ListTrees() const = 0;
+
+  // The newest version (committed; durable per policy only after Commit returned).
+  virtual Result<Version> Latest(std::string_view tree) const = 0;
+  virtual Result<uint64_t> LatestVersion(std::string_view tree) const = 0;
+  // The newest version whose WAL record is known to be synced (see policies).
+  virtual Result<uint64_t> DurableVersion(std::string_view tree) const = 0;
+
+  // A transaction on the newest version of `tree`. Equivalent to
+  // Transaction(*Latest(tree)).
+  virtual Result<Transaction> Begin(std::string_view tree) const = 0;
+  // Commits `txn` as version txn.base().number() + 1. Conflict if the tree's
+  // newest version is no longer the base (by number and by root identity,
+  // so a base from before a snapshot install conflicts too); nothing is
+  // changed then.
+  virtual Result<CommitResult> Commit(Transaction txn) = 0;
+
+  // Applies an already built delta (replica side, or a leader committing a
+  // delta it built itself). REQUIRES delta.base_version == the tree's newest
+  // version (else Conflict) and new_version == base_version + 1 (else
+  // InvalidArgument); logged per the fsync policy like Commit.
+  virtual Result<CommitResult> ApplyDelta(const Delta& delta) = 0;
+  // Same, from EncodeDelta() bytes (Corruption if they do not decode).
+  virtual Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) = 0;
+
+  // Encoded deltas with new_version > `version`, in order, read from the WAL,
+  // stopping once max_bytes have been collected (at least one delta is
+  // returned when any is available). Empty when `version` is the newest.
+  // NotFound if the WAL no longer holds the delta right after `version`
+  // (truncated after a checkpoint, or a snapshot was installed since);
+  // InvalidArgument if `version` is newer than the newest version.
+  virtual Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
+                                                           size_t max_bytes = 64 << 20) const = 0;
+
+  // Writes a checkpoint of the newest version now (synchronously) and
+  // returns its version number. Does not truncate the WAL.
+  virtual Result<uint64_t> Checkpoint(std::string_view tree) = 0;
+  // Deletes WAL segments that hold only deltas with new_version <= `version`.
+  // Only deltas covered by a durable checkpoint are ever deleted: `version`
+  // is clamped to the newest checkpoint's version. Segments are whole files,
+  // so some older deltas may remain.
+  virtual Status TruncateWalBefore(std::string_view tree, uint64_t version) = 0;
+
+  // Starts installing a snapshot of `tree` (which need not exist yet).
+  virtual Result<std::unique_ptr<SnapshotInstaller>> BeginSnapshotInstall(std::string_view tree) = 0;
+
+  // Syncs every tree's WAL now, whatever the policy.
+  virtual Status SyncAll() = 0;
+
+  virtual const std::string& dir() const = 0;
+  virtual const StoreOptions& options() const = 0;
+};
+
+}  // namespace canopy::tree

@@ -1,0 +1,106 @@
+// Private to canopy::tree: WAL segment files and buffered sequential reads.
+//
+// A tree's WAL is a sequence of segment files "wal-<first version, 20
+// digits>.log" in the tree's directory. A record is exactly one EncodeDelta()
+// encoding (which carries magic, total length and CRC32C). See README.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/fd.h"
+#include "base/result.h"
+#include "base/status.h"
+#include "tree/delta.h"
+
+namespace canopy::tree {
+
+std::string WalSegmentName(uint64_t first_version);
+std::string CheckpointName(uint64_t version);
+// Parse "wal-<20 digits>.log" / "checkpoint-<20 digits>.snap"; false if not one.
+bool ParseWalSegmentName(std::string_view name, uint64_t* first_version);
+bool ParseCheckpointName(std::string_view name, uint64_t* version);
+
+// Reads a file front to back through a buffer; views stay valid until the
+// next call.
+class BufferedFileReader {
+ public:
+  BufferedFileReader(UniqueFd fd, std::string path, uint64_t limit = UINT64_MAX);
+  // Up to n bytes from the current position (fewer only at end of file/limit).
+  Result<std::string_view> Peek(size_t n);
+  void Skip(size_t n);
+  uint64_t offset() const { return offset_; }
+  // Bytes from the current position to the end of the file (or the limit),
+  // as of when the reader was made: what a length field may claim at most.
+  uint64_t remaining() const { return end_of_data_ > offset_ ? end_of_data_ - offset_ : 0; }
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+  uint64_t limit_;
+  uint64_t end_of_data_ = 0;  // min(file size, limit)
+  uint64_t offset_ = 0;       // file offset of buf_[pos_]
+  uint64_t file_pos_ = 0;     // file offset of the next read
+  std::string buf_;
+  size_t pos_ = 0, end_ = 0;  // valid bytes are buf_[pos_, end_)
+};
+
+struct WalSegment {
+  uint64_t first_version = 0;  // new_version of its first record
+  uint64_t last_version = 0;   // new_version of its last record
+  uint64_t bytes = 0;          // valid bytes
+  std::string path;
+};
+
+// Outcome of reading one segment.
+struct SegmentScan {
+  uint64_t valid_bytes = 0;  // bytes up to the end of the last good record
+  bool torn = false;         // a bad or partial record follows valid_bytes
+  std::string torn_reason;
+};
+
+// Calls `record(delta, encoded)` for each good record of the file, up to
+// `limit` bytes. Stops at the first record that is partial, fails its CRC or
+// does not decode (torn = true). A non-ok Status from `record` stops the scan
+// and is returned as is. IO errors are returned as errors.
+Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
+                                const std::function<Status(const Delta&, std::string_view)>& record);
+
+// Appends records to the active segment of one tree. Not thread-safe: the
+// owner serialises calls (the tree mutex).
+class WalWriter {
+ public:
+  WalWriter(std::string dir, uint64_t segment_bytes, bool durable_creates);
+
+  // Appends `record` (whose new_version is `version`). Starts a new segment
+  // first if there is none or the current one is full (syncing the old one
+  // when sync_old is set). On failure the active file is cut back to its
+  // previous length, so no partial record remains; *broken is set if even
+  // that failed, or if syncing the old segment failed (the WAL must not be
+  // written again).
+  Status Append(std::string_view record, uint64_t version, bool sync_old, bool* broken);
+
+  // The active segment's file, shared so a syncer may use it unlocked.
+  std::shared_ptr<UniqueFd> active_fd() const { return active_fd_; }
+  // Closes the active segment; the next Append starts a new one.
+  void CloseActive();
+
+  std::vector<WalSegment>& segments() { return segments_; }
+  const std::vector<WalSegment>& segments() const { return segments_; }
+
+ private:
+  std::string dir_;
+  uint64_t segment_bytes_;
+  bool durable_creates_;
+  std::vector<WalSegment> segments_;  // in order; the last is active when active_fd_ is set
+  std::shared_ptr<UniqueFd> active_fd_;
+};
+
+// fdatasync with EINTR retry.
+Status SyncData(int fd, std::string_view what);
+
+}  // namespace canopy::tree
