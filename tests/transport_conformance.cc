@@ -116,6 +116,8 @@ Status WriteFile(const std::string& path, std::string_view contents) {
 
 }  // namespace
 
+void PrintTo(const ConformanceBackend& backend, std::ostream* os) { *os << backend.name; }
+
 std::string ConformanceBackendName(const ::testing::TestParamInfo<ConformanceBackend>& info) {
   return info.param.name;
 }

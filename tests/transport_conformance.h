@@ -34,6 +34,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <ostream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -54,6 +55,10 @@ struct ConformanceBackend {
   // empty means run. Called in SetUp; the test is skipped with the reason.
   std::function<std::string()> skip_reason;
 };
+
+// gtest prints a parameter in every test's listing; print the name instead of
+// the struct's raw bytes.
+void PrintTo(const ConformanceBackend& backend, std::ostream* os);
 
 // Name generator for INSTANTIATE_TEST_SUITE_P: the backend's name.
 std::string ConformanceBackendName(const ::testing::TestParamInfo<ConformanceBackend>& info);

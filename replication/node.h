@@ -1,0 +1,98 @@
+// Node: one canopy cluster member — a tree Store served to clients and
+// replicated to/from peers.
+//
+// Placement: every node knows the cluster members (node id -> URI; from
+// --seed URIs, HELLOs of peers that dial it and heartbeat gossip; persisted in
+// DIR/members) and builds the same Ring from them. The owners of a tree are
+// Ring::Owners(tree name); the first owner leads it (epoch 1).
+//
+// Replication: every replica (an owner that is not the leader) keeps one
+// connection to the leader: SUBSCRIBE {tree, epoch, have = its latest version};
+// the leader answers with deltas read from its WAL, or a streamed snapshot
+// when the WAL no longer holds them, then streams every new DELTA as it is
+// committed. The replica applies each (fsynced per --fsync) and ACKs its
+// durable version. A COMMIT to the leader is written to its WAL, then the
+// leader waits until RequiredAcks(level, owners) owners (itself included)
+// hold the new version durably, and answers; on timeout the answer is
+// Timeout naming the version (it stays committed on the leader and reaches
+// the replicas later). A dead replica does not block ONE/QUORUM writes; on
+// reconnect it catches up (deltas or snapshot).
+//
+// Failure detection: peers exchange HEARTBEATs every heartbeat_interval; a
+// peer not heard from for failure_timeout is reported dead in STATUS. A peer
+// that is malformed or fails authentication gets ERROR, is dropped and
+// logged; the node keeps serving.
+//
+// Leader failover (with the metadata service, NodeOptions::raft_address):
+// the tree's leader and epoch live in the metadata raft; a replica that sees
+// the leader silent for failure_timeout waits for fresh heartbeats of the
+// other live owners, and the one with the newest (data epoch, version)
+// (lowest id on ties) takes over by CompareAndSetLeader on the epoch. Every
+// stream message carries the epoch and replicas refuse any other than the
+// one they follow; a deposed leader cannot gather acks any more. A replica
+// whose data comes from an older epoch beyond the point the new leader took
+// over (e.g. a restarted old leader with un-acked writes) is resynchronised
+// by snapshot, which replaces its divergent suffix whole.
+//
+// Not implemented here (see the report): node join streaming of ranges.
+//
+// Thread safety: Start/Stop from one thread; the node runs its own threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "replication/ring.h"
+#include "tree/store.h"
+
+namespace canopy::replication {
+
+struct NodeOptions {
+  std::string listen_uri;   // e.g. tcp://127.0.0.1:7000 (port 0: pick one)
+  std::string data_dir;     // store + node state
+  std::string cluster;      // cluster name
+  std::string node_id;      // empty: loaded from DIR/node_id or generated once
+  std::string secret;       // shared cluster secret
+  std::vector<std::string> seeds;  // URIs of other members
+  RingOptions ring;
+  tree::StoreOptions store;
+  std::chrono::milliseconds heartbeat_interval{100};
+  std::chrono::milliseconds failure_timeout{1500};
+  size_t snapshot_chunk_bytes = 1u << 20;
+  // Metadata raft (leader failover). Empty raft_address: no metadata
+  // service; every tree keeps its ring leader at epoch 1 and there is no
+  // failover. Otherwise node_id must be a decimal number > 0 and
+  // raft_members the founding raft members (id -> IPv4:port), the same on
+  // every founding node (used on the first start only).
+  std::string raft_address;
+  std::map<uint64_t, std::string> raft_members;
+};
+
+class Node {
+ public:
+  // Opens the store, starts listening and the background threads.
+  static Result<std::unique_ptr<Node>> Start(const NodeOptions& options);
+  ~Node();  // Stop()
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Closes the listener and every connection, joins the threads. Idempotent.
+  void Stop();
+
+  // The URI peers and clients reach this node at (real port filled in).
+  const std::string& uri() const;
+  const std::string& node_id() const;
+
+  struct Impl;
+
+ private:
+  explicit Node(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace canopy::replication

@@ -1,0 +1,370 @@
+// The replication wire protocol: message types and their payload codecs.
+//
+// Every message travels as one transport frame (transport/frame.h) whose
+// type is a MessageType. Its payload is versioned and self-checking:
+//
+//   off size field
+//    0   1   wire version   kWireVersion (1)
+//    1   2   message type   the same MessageType as the frame (LE)
+//    3   ..  body           fields below, little-endian, varint lengths
+//   end  4   crc            CRC32C of every byte before it
+//
+// Decoders never trust lengths: every count and length is bounded by the
+// remaining bytes and by the limits below; a wrong version, type, CRC,
+// a truncated body or trailing bytes yield Corruption. So any flipped byte or
+// any truncation of an encoded message is an error, never a wrong value.
+//
+// Connection set-up (both peers and clients), mutual HMAC-SHA256 auth over
+// the shared cluster secret (see auth.h):
+//   dialer   -> HELLO      {cluster, node id, role, protocol version, dialer nonce}
+//   listener -> CHALLENGE  {listener node id, listener nonce, listener proof}
+//   dialer   -> AUTH       {dialer proof}
+//   listener -> WELCOME    {listener node id, epoch of nothing}   or ERROR + close
+// Replication (dialer = replica, listener = leader of the tree):
+//   replica -> SUBSCRIBE {tree, epoch, have version}
+//   leader  -> SNAPSHOT_BEGIN / SNAPSHOT_CHUNK* / SNAPSHOT_END  when its WAL
+//              no longer holds what the replica needs, then DELTA*
+//   replica -> ACK {tree, epoch, durable version} after each durable step
+//   both    -> HEARTBEAT periodically; ERROR {code, text} then close on fault
+// Every replication message carries the tree's leader epoch; a receiver
+// refuses one lower than the highest it has seen (fencing).
+//
+// Thread safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+#include "base/status.h"
+
+namespace canopy::replication {
+
+inline constexpr uint8_t kWireVersion = 1;
+// Version of the replication protocol negotiated in HELLO.
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
+
+// Decoder limits (a peer cannot make us allocate more than this per field).
+inline constexpr size_t kMaxNameBytes = 1024;          // cluster, node ids, tree names, URIs
+inline constexpr size_t kMaxTextBytes = 64 * 1024;     // error texts
+inline constexpr size_t kMaxBlobBytes = 256u << 20;    // deltas, chunks, attribute values
+inline constexpr size_t kMaxListItems = 1u << 20;      // edits, path depth, list lengths
+
+enum class MessageType : uint16_t {
+  kHello = 0x0101,
+  kChallenge = 0x0102,
+  kAuth = 0x0103,
+  kWelcome = 0x0104,
+  kSubscribe = 0x0110,
+  kSnapshotBegin = 0x0111,
+  kSnapshotChunk = 0x0112,
+  kSnapshotEnd = 0x0113,
+  kDelta = 0x0114,
+  kAck = 0x0115,
+  kHeartbeat = 0x0116,
+  kError = 0x011f,
+  kCommitRequest = 0x0120,
+  kCommitReply = 0x0121,
+  kReadRequest = 0x0122,
+  kReadReply = 0x0123,
+  kStatusRequest = 0x0124,
+  kStatusReply = 0x0125,
+  kCreateTreeRequest = 0x0126,
+  kCreateTreeReply = 0x0127,
+};
+
+// "HELLO", "DELTA", ... or "UNKNOWN(0x....)".
+std::string MessageTypeName(uint16_t type);
+
+enum class PeerRole : uint8_t { kNode = 1, kClient = 2 };
+
+enum class ConsistencyLevel : uint8_t { kOne = 1, kQuorum = 2, kAll = 3 };
+// "ONE" / "QUORUM" / "ALL" (case-insensitive) or InvalidArgument.
+Result<ConsistencyLevel> ParseConsistencyLevel(std::string_view text);
+const char* ConsistencyLevelName(ConsistencyLevel level);
+// Replicas (leader included) that must hold a write durably before it is
+// acknowledged, for `replicas` owners of the tree: 1, replicas/2+1, replicas.
+uint32_t RequiredAcks(ConsistencyLevel level, uint32_t replicas);
+
+struct Hello {
+  std::string cluster;
+  std::string node_id;  // clients use a name of their own, e.g. "client-<pid>"
+  PeerRole role = PeerRole::kNode;
+  uint32_t protocol_version = kProtocolVersion;
+  std::string nonce;  // kNonceBytes
+  std::string listen_uri;  // nodes: the URI they serve on (empty for clients)
+  bool operator==(const Hello&) const = default;
+};
+
+struct Challenge {
+  std::string node_id;  // the listener's id
+  std::string nonce;    // kNonceBytes
+  std::string proof;    // kProofBytes: listener proves it knows the secret
+  bool operator==(const Challenge&) const = default;
+};
+
+struct Auth {
+  std::string proof;  // kProofBytes
+  bool operator==(const Auth&) const = default;
+};
+
+struct Welcome {
+  std::string node_id;
+  bool operator==(const Welcome&) const = default;
+};
+
+struct Subscribe {
+  std::string tree;
+  uint64_t epoch = 0;         // highest epoch the replica has seen for the tree
+  uint64_t have_version = 0;  // its durable version (0 = nothing)
+  std::string node_id;        // the subscribing replica
+  // Epoch of the leader the replica's data came from (0: no data). The
+  // leader trusts the replica's history only when it is its own epoch, or
+  // its predecessor's up to the version it took over at; otherwise it sends
+  // a snapshot, which replaces any divergent suffix the replica may hold.
+  uint64_t data_epoch = 0;
+  bool operator==(const Subscribe&) const = default;
+};
+
+struct SnapshotBegin {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t version = 0;  // the snapshot's version
+  bool operator==(const SnapshotBegin&) const = default;
+};
+
+// Chunk bytes are either in `data` or (when bulk) in the frame's bulk bytes.
+struct SnapshotChunk {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t index = 0;
+  std::string data;
+  bool operator==(const SnapshotChunk&) const = default;
+};
+
+struct SnapshotEnd {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t version = 0;
+  uint64_t chunks = 0;
+  bool operator==(const SnapshotEnd&) const = default;
+};
+
+struct Delta {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  std::string delta;  // the tree module's encoded delta (it has its own CRC)
+  bool operator==(const Delta&) const = default;
+};
+
+struct Ack {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t durable_version = 0;
+  bool operator==(const Ack&) const = default;
+};
+
+struct Heartbeat {
+  std::string node_id;
+  uint64_t sequence = 0;
+  // Per tree: the sender's data epoch (see Subscribe) and latest version.
+  struct TreeState {
+    std::string tree;
+    uint64_t epoch = 0;
+    uint64_t durable_version = 0;
+    bool operator==(const TreeState&) const = default;
+  };
+  std::vector<TreeState> trees;
+  // Cluster members the sender knows (gossip): node id -> URI.
+  std::map<std::string, std::string> members;
+  // The sender's metadata raft address (empty without one): the raft leader
+  // adds members it does not have yet to the raft group.
+  std::string raft_address;
+  bool operator==(const Heartbeat&) const = default;
+};
+
+struct ErrorMessage {
+  StatusCode code = StatusCode::kInternal;
+  std::string text;
+  Status ToStatus() const { return Status(code == StatusCode::kOk ? StatusCode::kInternal : code, text); }
+  bool operator==(const ErrorMessage&) const = default;
+};
+
+// One edit of a client commit.
+struct Edit {
+  enum class Kind : uint8_t {
+    kPutAttribute = 1,     // path, key, value
+    kDeleteAttribute = 2,  // path, key
+    kAppendChild = 3,      // path (the parent)
+    kInsertChild = 4,      // path (the parent), index
+    kDeleteChild = 5,      // path (the parent), index
+  };
+  Kind kind = Kind::kPutAttribute;
+  std::vector<uint32_t> path;  // child indexes from the root
+  std::string key;
+  std::string value;
+  uint32_t index = 0;
+  bool operator==(const Edit&) const = default;
+};
+
+struct CommitRequest {
+  std::string tree;
+  uint64_t base_version = 0;  // 0: the leader's latest version
+  ConsistencyLevel level = ConsistencyLevel::kQuorum;
+  uint32_t timeout_ms = 10000;
+  std::vector<Edit> edits;
+  bool operator==(const CommitRequest&) const = default;
+};
+
+struct StatusReplyFields {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  Status ToStatus() const { return code == StatusCode::kOk ? Status::Ok() : Status(code, message); }
+  static StatusReplyFields From(const Status& s) { return {s.code(), s.message()}; }
+  bool operator==(const StatusReplyFields&) const = default;
+};
+
+struct CommitReply {
+  StatusReplyFields status;
+  uint64_t version = 0;  // the committed version
+  uint32_t acks = 0;     // replicas holding it durably when the reply left
+  std::string leader;    // set when the request went to a non-leader
+  bool operator==(const CommitReply&) const = default;
+};
+
+struct ReadRequest {
+  std::string tree;
+  uint64_t version = 0;  // 0: latest
+  std::vector<uint32_t> path;
+  bool operator==(const ReadRequest&) const = default;
+};
+
+struct ReadReply {
+  StatusReplyFields status;
+  uint64_t version = 0;
+  std::map<std::string, std::string> attributes;
+  uint32_t child_count = 0;
+  bool operator==(const ReadReply&) const = default;
+};
+
+struct StatusRequest {
+  bool operator==(const StatusRequest&) const = default;
+};
+
+struct NodeStatus {
+  std::string node_id;
+  std::string uri;
+  bool alive = false;
+  bool operator==(const NodeStatus&) const = default;
+};
+
+struct TreeStatus {
+  std::string tree;
+  std::string leader;
+  uint64_t epoch = 0;
+  std::string role;             // "leader" / "replica" / "none" on the answering node
+  uint64_t durable_version = 0; // on the answering node
+  std::string digest;           // hex digest of that version, or empty
+  // As known by the answering node (the leader knows every replica's ack).
+  std::vector<std::string> owners;
+  std::map<std::string, uint64_t> replica_versions;
+  uint64_t snapshots_received = 0;  // snapshot installs of this tree on the answering node
+  uint64_t snapshots_sent = 0;      // snapshots this node streamed to replicas
+  bool operator==(const TreeStatus&) const = default;
+};
+
+struct StatusReply {
+  std::string node_id;
+  std::vector<NodeStatus> nodes;
+  uint32_t replication_factor = 0;
+  uint32_t vnodes = 0;
+  std::vector<TreeStatus> trees;
+  bool operator==(const StatusReply&) const = default;
+};
+
+struct CreateTreeRequest {
+  std::string tree;
+  bool operator==(const CreateTreeRequest&) const = default;
+};
+
+struct CreateTreeReply {
+  StatusReplyFields status;
+  std::string leader;
+  std::vector<std::string> owners;
+  bool operator==(const CreateTreeReply&) const = default;
+};
+
+// Encoders return the whole payload (header, body, CRC).
+std::string Encode(const Hello& m);
+std::string Encode(const Challenge& m);
+std::string Encode(const Auth& m);
+std::string Encode(const Welcome& m);
+std::string Encode(const Subscribe& m);
+std::string Encode(const SnapshotBegin& m);
+std::string Encode(const SnapshotChunk& m);
+std::string Encode(const SnapshotEnd& m);
+std::string Encode(const Delta& m);
+std::string Encode(const Ack& m);
+std::string Encode(const Heartbeat& m);
+std::string Encode(const ErrorMessage& m);
+std::string Encode(const CommitRequest& m);
+std::string Encode(const CommitReply& m);
+std::string Encode(const ReadRequest& m);
+std::string Encode(const ReadReply& m);
+std::string Encode(const StatusRequest& m);
+std::string Encode(const StatusReply& m);
+std::string Encode(const CreateTreeRequest& m);
+std::string Encode(const CreateTreeReply& m);
+
+// The frame type each message travels with.
+MessageType TypeOf(const Hello&);
+MessageType TypeOf(const Challenge&);
+MessageType TypeOf(const Auth&);
+MessageType TypeOf(const Welcome&);
+MessageType TypeOf(const Subscribe&);
+MessageType TypeOf(const SnapshotBegin&);
+MessageType TypeOf(const SnapshotChunk&);
+MessageType TypeOf(const SnapshotEnd&);
+MessageType TypeOf(const Delta&);
+MessageType TypeOf(const Ack&);
+MessageType TypeOf(const Heartbeat&);
+MessageType TypeOf(const ErrorMessage&);
+MessageType TypeOf(const CommitRequest&);
+MessageType TypeOf(const CommitReply&);
+MessageType TypeOf(const ReadRequest&);
+MessageType TypeOf(const ReadReply&);
+MessageType TypeOf(const StatusRequest&);
+MessageType TypeOf(const StatusReply&);
+MessageType TypeOf(const CreateTreeRequest&);
+MessageType TypeOf(const CreateTreeReply&);
+
+// Decoders: Corruption (with the reason) on anything malformed.
+Result<Hello> DecodeHello(std::string_view payload);
+Result<Challenge> DecodeChallenge(std::string_view payload);
+Result<Auth> DecodeAuth(std::string_view payload);
+Result<Welcome> DecodeWelcome(std::string_view payload);
+Result<Subscribe> DecodeSubscribe(std::string_view payload);
+Result<SnapshotBegin> DecodeSnapshotBegin(std::string_view payload);
+Result<SnapshotChunk> DecodeSnapshotChunk(std::string_view payload);
+Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload);
+Result<Delta> DecodeDelta(std::string_view payload);
+Result<Ack> DecodeAck(std::string_view payload);
+Result<Heartbeat> DecodeHeartbeat(std::string_view payload);
+Result<ErrorMessage> DecodeError(std::string_view payload);
+Result<CommitRequest> DecodeCommitRequest(std::string_view payload);
+Result<CommitReply> DecodeCommitReply(std::string_view payload);
+Result<ReadRequest> DecodeReadRequest(std::string_view payload);
+Result<ReadReply> DecodeReadReply(std::string_view payload);
+Result<StatusRequest> DecodeStatusRequest(std::string_view payload);
+Result<StatusReply> DecodeStatusReply(std::string_view payload);
+Result<CreateTreeRequest> DecodeCreateTreeRequest(std::string_view payload);
+Result<CreateTreeReply> DecodeCreateTreeReply(std::string_view payload);
+
+}  // namespace canopy::replication

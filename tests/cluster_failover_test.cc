@@ -1,0 +1,243 @@
+// Leader failover through the metadata raft, on a 3-process cluster.
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "tests/cluster_harness.h"
+
+namespace canopy::testing {
+namespace {
+
+using replication::CommitRequest;
+using replication::ConsistencyLevel;
+using replication::Edit;
+
+CommitRequest PutRoot(const std::string& key, const std::string& value) {
+  CommitRequest r;
+  r.tree = "ha";
+  r.level = ConsistencyLevel::kQuorum;
+  r.timeout_ms = 3000;
+  r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, value, 0});
+  return r;
+}
+
+TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite) {
+  TestCluster c;
+  c.EnableRaft(3);
+  for (size_t i = 0; i < 3; ++i) {
+    c.AddNode();
+    ASSERT_TRUE(c.Start(i));
+  }
+  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+
+  // Create the tree (its leader registers epoch 1 in the metadata raft;
+  // the raft may still be electing, so retry for a while).
+  std::string leader_uri;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree("ha");
+        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
+        leader_uri = r->leader;
+        return true;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(0);
+  const size_t old_leader = c.IndexOfUri(leader_uri);
+  ASSERT_LT(old_leader, 3u);
+  auto t0 = c.TreeState(old_leader, "ha");
+  ASSERT_TRUE(t0);
+  EXPECT_EQ(t0->epoch, 1u);
+
+  std::set<std::string> acked;
+  std::unique_ptr<replication::Client> client;
+  size_t next_node = old_leader;
+  auto commit = [&](int i) {
+    for (int attempt = 0; attempt < 3 && !client; ++attempt) {
+      auto cl = replication::Client::Connect(c.node(next_node).uri, c.ClientOpts());
+      if (cl.ok()) client = std::move(*cl);
+      else next_node = (next_node + 1) % 3;
+    }
+    if (!client) return;
+    std::string key = "k" + std::to_string(i);
+    auto r = client->Commit(PutRoot(key, "v" + std::to_string(i)));
+    if (!r.ok()) {
+      client.reset();
+      next_node = (next_node + 1) % 3;
+      return;
+    }
+    if (r->status.code == StatusCode::kOk) acked.insert(key);
+  };
+  // Wait until the replicas follow (an ALL write succeeds), then write at QUORUM.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        if (!cl.ok()) return false;
+        auto r = (*cl)->Commit([] {
+          auto q = PutRoot("start", "1");
+          q.level = ConsistencyLevel::kAll;
+          return q;
+        }());
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20)));
+  int i = 0;
+  for (; i < 20; ++i) commit(i);
+  ASSERT_EQ(acked.size(), 20u);
+
+  // SIGKILL the leader while writes keep coming.
+  std::atomic<bool> killed{false};
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    c.Kill(old_leader);
+    killed = true;
+  });
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  size_t acked_at_kill = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (killed && acked_at_kill == 0) acked_at_kill = acked.size();
+    if (acked_at_kill != 0 && acked.size() >= acked_at_kill + 20) break;
+    commit(i++);
+    if (!client) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  killer.join();
+  ASSERT_NE(acked_at_kill, 0u);
+  ASSERT_GE(acked.size(), acked_at_kill + 20) << "writes did not resume after failover\n"
+                                              << c.Log((old_leader + 1) % 3) << c.Log((old_leader + 2) % 3);
+
+  // A new leader with a higher epoch.
+  size_t survivor = (old_leader + 1) % 3;
+  auto ts = c.TreeState(survivor, "ha");
+  ASSERT_TRUE(ts);
+  EXPECT_NE(ts->leader, c.node(old_leader).node_id);
+  EXPECT_GE(ts->epoch, 2u);
+  size_t new_leader = c.IndexOfId(ts->leader);
+  ASSERT_LT(new_leader, 3u);
+
+  // Every acknowledged write is on the new leader.
+  auto reader = c.Connect(new_leader);
+  ASSERT_TRUE(reader);
+  auto read = reader->Read(replication::ReadRequest{"ha", 0, {}});
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->status.code, StatusCode::kOk);
+  for (const auto& key : acked) EXPECT_TRUE(read->attributes.count(key)) << "lost acknowledged write " << key;
+  uint64_t final_version = read->version;
+
+  // The old leader comes back as a replica and converges.
+  ASSERT_TRUE(c.Start(old_leader));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto t = c.TreeState(old_leader, "ha");
+        return t && t->role == "replica" && t->durable_version == final_version;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(old_leader);
+  std::set<std::string> digests;
+  for (size_t k = 0; k < 3; ++k) {
+    auto t = c.TreeState(k, "ha");
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->durable_version, final_version) << k;
+    digests.insert(t->digest);
+  }
+  EXPECT_EQ(digests.size(), 1u);
+  auto old_reader = c.Connect(old_leader);
+  ASSERT_TRUE(old_reader);
+  auto old_read = old_reader->Read(replication::ReadRequest{"ha", 0, {}});
+  ASSERT_TRUE(old_read.ok());
+  EXPECT_EQ(old_read->attributes, read->attributes);
+  // And it refuses writes, pointing at the new leader.
+  auto redirected = old_reader->Commit(PutRoot("late", "x"));
+  ASSERT_TRUE(redirected.ok());
+  EXPECT_EQ(redirected->status.code, StatusCode::kOk) << redirected->status.message;
+  EXPECT_EQ(old_reader->connected_uri(), c.node(new_leader).uri);
+}
+
+TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
+  TestCluster c;
+  c.EnableRaft(3);
+  for (size_t i = 0; i < 3; ++i) {
+    c.AddNode();
+    ASSERT_TRUE(c.Start(i));
+  }
+  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  std::string leader_uri;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree("ha");
+        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
+        leader_uri = r->leader;
+        return true;
+      },
+      std::chrono::seconds(20)));
+  const size_t old_leader = c.IndexOfUri(leader_uri);
+  ASSERT_LT(old_leader, 3u);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        if (!cl.ok()) return false;
+        auto q = PutRoot("acked", "1");
+        q.level = ConsistencyLevel::kAll;
+        auto r = (*cl)->Commit(q);
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20)));
+  // Both replicas die; the leader logs writes nobody else has (not acknowledged).
+  const size_t r1 = (old_leader + 1) % 3, r2 = (old_leader + 2) % 3;
+  c.Kill(r1);
+  c.Kill(r2);
+  {
+    auto cl = c.Connect(old_leader);
+    ASSERT_TRUE(cl);
+    for (int k = 0; k < 3; ++k) {
+      auto q = PutRoot("unacked" + std::to_string(k), "x");
+      q.timeout_ms = 200;
+      auto r = cl->Commit(q);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->status.code, StatusCode::kTimeout);
+    }
+  }
+  c.Kill(old_leader);
+  // The replicas come back, elect a new leader among themselves, accept writes.
+  ASSERT_TRUE(c.Start(r1));
+  ASSERT_TRUE(c.Start(r2));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto cl = replication::Client::Connect(c.node(r1).uri, c.ClientOpts());
+        if (!cl.ok()) return false;
+        auto r = (*cl)->Commit(PutRoot("new", "1"));
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(30)))
+      << c.Log(r1) << c.Log(r2);
+  auto ts = c.TreeState(r1, "ha");
+  ASSERT_TRUE(ts);
+  EXPECT_GE(ts->epoch, 2u);
+  size_t new_leader = c.IndexOfId(ts->leader);
+  ASSERT_TRUE(new_leader == r1 || new_leader == r2);
+  uint64_t version = c.TreeState(new_leader, "ha")->durable_version;
+  // The old leader rejoins: its divergent suffix is replaced by the new history.
+  ASSERT_TRUE(c.Start(old_leader));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto t = c.TreeState(old_leader, "ha");
+        return t && t->role == "replica" && t->durable_version == version;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(old_leader);
+  auto t = c.TreeState(old_leader, "ha");
+  EXPECT_GE(t->snapshots_received, 1u);
+  EXPECT_EQ(t->digest, c.TreeState(new_leader, "ha")->digest);
+  auto reader = c.Connect(old_leader);
+  ASSERT_TRUE(reader);
+  auto read = reader->Read(replication::ReadRequest{"ha", 0, {}});
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(read->attributes.count("acked"), 1u);
+  EXPECT_EQ(read->attributes.count("new"), 1u);
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(read->attributes.count("unacked" + std::to_string(k)), 0u);
+}
+
+}  // namespace
+}  // namespace canopy::testing

@@ -1,0 +1,130 @@
+// Node join: a fourth node takes its share of the ring and streams exactly
+// the trees it now owns (snapshot, bulk install) from their leaders.
+#include <set>
+
+#include "replication/ring.h"
+#include "tests/cluster_harness.h"
+
+namespace canopy::testing {
+namespace {
+
+using replication::CommitRequest;
+using replication::ConsistencyLevel;
+using replication::Edit;
+
+CommitRequest Put(const std::string& tree, const std::string& key, const std::string& value, ConsistencyLevel level) {
+  CommitRequest r;
+  r.tree = tree;
+  r.level = level;
+  r.timeout_ms = 5000;
+  r.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
+  r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, value, 0});
+  return r;
+}
+
+TEST(ClusterJoinTest, FourthNodeReceivesExactlyItsTrees) {
+  TestCluster c;
+  c.EnableRaft(3);
+  for (size_t i = 0; i < 3; ++i) {
+    c.AddNode();
+    ASSERT_TRUE(c.Start(i));
+  }
+  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  const int kTrees = 12;
+  std::map<std::string, uint64_t> versions;
+  for (int t = 0; t < kTrees; ++t) {
+    std::string name = "tree" + std::to_string(t);
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+          if (!client.ok()) return false;
+          auto r = (*client)->CreateTree(name);
+          return r.ok() && (r->status.code == StatusCode::kOk || r->status.code == StatusCode::kAlreadyExists);
+        },
+        std::chrono::seconds(20)))
+        << name << "\n" << c.Log(0);
+    auto client = c.Connect(0);
+    ASSERT_TRUE(client);
+    for (int k = 0; k < 5; ++k) {
+      auto level = k == 0 ? ConsistencyLevel::kAll : ConsistencyLevel::kQuorum;
+      std::optional<replication::CommitReply> reply;
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            auto r = client->Commit(Put(name, "k" + std::to_string(k), name + "-" + std::to_string(k), level));
+            if (r.ok() && r->status.code == StatusCode::kOk) reply = *r;
+            return reply.has_value();
+          },
+          std::chrono::seconds(15)));
+      versions[name] = reply->version;
+    }
+  }
+
+  // The joiner: its own raft address and no founding peers; the raft leader adds it.
+  size_t joiner = c.AddNode({"--raft", "127.0.0.1:" + std::to_string(PickFreePort())});
+  ASSERT_TRUE(c.Start(joiner));
+  ASSERT_TRUE(c.WaitForMembers(4)) << c.Log(joiner);
+
+  replication::Ring ring;
+  for (const auto& id : {"1", "2", "3", "4"}) ASSERT_TRUE(ring.AddNode(id).ok());
+  std::set<std::string> expected;
+  for (const auto& [name, v] : versions) {
+    if (ring.IsOwner(name, "4")) expected.insert(name);
+  }
+  ASSERT_FALSE(expected.empty());
+  ASSERT_LT(expected.size(), versions.size());
+
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (const auto& name : expected) {
+          auto t = c.TreeState(joiner, name);
+          if (!t || t->durable_version != versions[name]) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(30)))
+      << c.Log(joiner);
+  auto status = c.GetStatus(joiner);
+  ASSERT_TRUE(status);
+  for (const auto& t : status->trees) {
+    if (expected.count(t.tree)) {
+      EXPECT_EQ(t.role == "replica" || t.role == "leader", true) << t.tree;
+      EXPECT_GE(t.snapshots_received, 1u) << t.tree;  // streamed as a snapshot, bulk installed
+    } else {
+      EXPECT_EQ(t.role, "none") << t.tree;
+      EXPECT_TRUE(t.digest.empty()) << t.tree << " was copied to a node that does not own it";
+    }
+  }
+  // Reads from the joiner match the leader's.
+  auto joiner_client = c.Connect(joiner);
+  ASSERT_TRUE(joiner_client);
+  for (const auto& name : expected) {
+    auto lt = c.TreeState(0, name);
+    ASSERT_TRUE(lt);
+    size_t leader = c.IndexOfId(lt->leader);
+    ASSERT_LT(leader, c.size());
+    auto leader_client = c.Connect(leader);
+    ASSERT_TRUE(leader_client);
+    auto a = joiner_client->Read(replication::ReadRequest{name, 0, {}});
+    auto b = leader_client->Read(replication::ReadRequest{name, 0, {}});
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->status.code, StatusCode::kOk) << a->status.message;
+    EXPECT_EQ(a->version, b->version);
+    EXPECT_EQ(a->attributes, b->attributes);
+    EXPECT_EQ(a->child_count, b->child_count);
+    EXPECT_EQ(c.TreeState(joiner, name)->digest, c.TreeState(leader, name)->digest);
+  }
+  // New writes reach the joiner as deltas.
+  const std::string& some = *expected.begin();
+  auto client = c.Connect(0);
+  ASSERT_TRUE(client);
+  auto r = client->Commit(Put(some, "after-join", "yes", ConsistencyLevel::kAll));
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->status.code, StatusCode::kOk) << r->status.message;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto t = c.TreeState(joiner, some);
+    return t && t->durable_version == r->version;
+  }, std::chrono::seconds(10)));
+}
+
+}  // namespace
+}  // namespace canopy::testing

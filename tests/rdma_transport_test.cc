@@ -1,0 +1,253 @@
+// The rdma:// backend end to end: the shared conformance suite and an rcopy
+// round trip when this host has an RDMA device (GTEST_SKIP with the reason
+// otherwise), and, when it has none, the clear NotSupported failure of the
+// registry, of `rcopy --transport rdma` and of `canopy node --listen rdma://`.
+//
+// The address used on a device host: $CANOPY_RDMA_TEST_ADDR if set, else the
+// first IPv4 address of the first device's network interface (RoCE netdev or
+// IPoIB), found through /sys/class/infiniband.
+#include "transport/rdma/rdma_transport.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "base/file.h"
+#include "tests/testing/test_util.h"
+#include "tests/transport_conformance.h"
+#include "transport/builtin.h"
+#include "transport/registry.h"
+
+namespace canopy::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using ::canopy::testing::BinaryPath;
+using ::canopy::testing::RandomBytes;
+using ::canopy::testing::RunCommand;
+using ::canopy::testing::TempDir;
+using ::canopy::transport::testing::ConformanceBackend;
+using ::canopy::transport::testing::TransportConformanceTest;
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Network interfaces that belong to RDMA device `dev`.
+std::vector<std::string> NetdevsOf(const std::string& dev) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  const fs::path base = fs::path("/sys/class/infiniband") / dev;
+  // RoCE / rxe: the GID table names its netdev.
+  for (const char* p : {"ports/1/gid_attrs/ndevs/0", "ports/1/gid_attrs/ndevs/1"}) {
+    const std::string name = ReadFirstLine((base / p).string());
+    if (!name.empty()) names.push_back(name);
+  }
+  // IPoIB and most NIC drivers: device/net/<ifname>.
+  for (const auto& entry : fs::directory_iterator(base / "device" / "net", ec)) {
+    names.push_back(entry.path().filename().string());
+  }
+  return names;
+}
+
+std::string FirstIpv4Of(const std::vector<std::string>& netdevs) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (const std::string& want : netdevs) {
+    for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || want != i->ifa_name) continue;
+      char text[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+      found = text;
+    }
+    if (!found.empty()) break;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// The address tests listen on, or empty when none could be found.
+std::string RdmaTestAddress() {
+  if (const char* env = std::getenv("CANOPY_RDMA_TEST_ADDR"); env != nullptr && *env != '\0') return env;
+  const std::vector<std::string> devices = RdmaDeviceNames();
+  if (devices.empty()) return "";
+  return FirstIpv4Of(NetdevsOf(devices.front()));
+}
+
+// Why the device tests cannot run here; empty when they can.
+std::string DeviceSkipReason() {
+  if (RdmaDeviceNames().empty()) {
+    return "no RDMA device on this host (ibv_get_device_list returned none); create Soft-RoCE with "
+           "hw/soft-roce.sh add IFACE or run on an InfiniBand/RoCE host (hw/RDMA.md)";
+  }
+  if (RdmaTestAddress().empty()) {
+    return "RDMA device present but no IPv4 address found on its netdev; set CANOPY_RDMA_TEST_ADDR";
+  }
+  return "";
+}
+
+ConformanceBackend RdmaBackend(std::string name, std::vector<std::string> args) {
+  ConformanceBackend backend;
+  backend.name = std::move(name);
+  const std::string address = RdmaTestAddress();
+  backend.listen_uri = "rdma://" + (address.empty() ? std::string("127.0.0.1") : address) + ":0";
+  backend.listener_options.connect_timeout = 3s;
+  backend.dialer_options.connect_timeout = 3s;
+  backend.listener_options.backend_args = args;
+  backend.dialer_options.backend_args = args;
+  backend.skip_reason = DeviceSkipReason;
+  return backend;
+}
+
+INSTANTIATE_TEST_SUITE_P(Rdma, TransportConformanceTest,
+                         ::testing::Values(RdmaBackend("event_mode", {}),
+                                           RdmaBackend("busy_poll_small_slots",
+                                                       {"cq_mode=poll", "slot_bytes=8192",
+                                                        "eager_bulk=4096"})),
+                         ::canopy::transport::testing::ConformanceBackendName);
+
+// --- no device: clear NotSupported everywhere -------------------------------
+
+bool HasDevice() { return !RdmaDeviceNames().empty(); }
+constexpr const char* kHasDevice = "an RDMA device is present, so the no-device path does not run here";
+
+void ExpectNoDeviceMessage(const Status& status) {
+  EXPECT_EQ(status.code(), StatusCode::kNotSupported) << status.ToString();
+  EXPECT_NE(status.message().find("no RDMA device found (ibv_get_device_list returned none)"),
+            std::string::npos)
+      << status.ToString();
+  EXPECT_NE(status.message().find("rdma link add rxe0 type rxe netdev IFACE"), std::string::npos)
+      << status.ToString();
+  EXPECT_NE(status.message().find("hw/RDMA.md"), std::string::npos) << status.ToString();
+}
+
+TEST(RdmaTransport, IsBuiltInAndListed) {
+  RegisterBuiltinTransports();
+  bool listed = false;
+  for (const auto& entry : TransportRegistry::Global().List()) {
+    if (entry.scheme == "rdma") {
+      listed = true;
+      EXPECT_TRUE(entry.available) << "built with rdma-core, so the backend is registered: "
+                                   << entry.description;
+    }
+  }
+  EXPECT_TRUE(listed);
+}
+
+TEST(RdmaTransport, FactoryFailsWithoutDevice) {
+  if (HasDevice()) GTEST_SKIP() << kHasDevice;
+  RegisterBuiltinTransports();
+  auto transport = TransportRegistry::Global().Create("rdma", TransportOptions{});
+  ASSERT_FALSE(transport.ok());
+  ExpectNoDeviceMessage(transport.status());
+  auto listener = ListenOn("rdma://127.0.0.1:0", TransportOptions{});
+  ASSERT_FALSE(listener.ok());
+  ExpectNoDeviceMessage(listener.status());
+  auto connection = Dial("rdma://127.0.0.1:7471", TransportOptions{});
+  ASSERT_FALSE(connection.ok());
+  ExpectNoDeviceMessage(connection.status());
+}
+
+TEST(RdmaTransport, BadOptionsAreRejectedBeforeTheDeviceCheck) {
+  RegisterBuiltinTransports();
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"cq_mode=sometimes"}, {"slot_bytes=12"}, {"slot_bytes=abc"}, {"colour=blue"}, {"device"}}) {
+    TransportOptions options;
+    options.backend_args = args;
+    auto transport = TransportRegistry::Global().Create("rdma", options);
+    ASSERT_FALSE(transport.ok()) << args[0];
+    EXPECT_EQ(transport.status().code(), StatusCode::kInvalidArgument) << transport.status().ToString();
+  }
+}
+
+// Runs `command` (stdout+stderr captured) and checks it fails with the message.
+void ExpectCommandFailsWithNoDevice(const std::string& command) {
+  std::string output;
+  const int rc = RunCommand("timeout 20 " + command + " 2>&1", &output);
+  EXPECT_NE(rc, 0) << command << "\n" << output;
+  EXPECT_NE(rc, 124) << "timed out instead of failing at once: " << command << "\n" << output;
+  EXPECT_NE(output.find("no RDMA device found"), std::string::npos) << command << "\n" << output;
+  EXPECT_NE(output.find("rdma link add rxe0 type rxe netdev IFACE"), std::string::npos) << command << "\n"
+                                                                                        << output;
+}
+
+TEST(RdmaTransport, RcopyFailsClearlyWithoutDevice) {
+  if (HasDevice()) GTEST_SKIP() << kHasDevice;
+  const std::string rcopy = BinaryPath("tools/rcopy/rcopy");
+  if (access(rcopy.c_str(), X_OK) != 0) GTEST_SKIP() << "rcopy is not built in this tree (" << rcopy << ")";
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.File("src"), "some bytes").ok());
+  ExpectCommandFailsWithNoDevice(rcopy + " " + dir.File("src") +
+                                 " 127.0.0.1:copy --transport rdma --port 7471");
+  ExpectCommandFailsWithNoDevice(rcopy + " --server --root " + dir.path() + " --transport rdma --port 0");
+}
+
+TEST(RdmaTransport, CanopyNodeFailsClearlyWithoutDevice) {
+  if (HasDevice()) GTEST_SKIP() << kHasDevice;
+  const std::string canopy = BinaryPath("tools/canopy/canopy");
+  if (access(canopy.c_str(), X_OK) != 0)
+    GTEST_SKIP() << "canopy is not built in this tree (" << canopy << ")";
+  TempDir dir;
+  ExpectCommandFailsWithNoDevice(canopy + " node --listen rdma://127.0.0.1:0 --data " + dir.File("data") +
+                                 " --cluster rdmatest --secret rdma-test-secret-0123456789");
+}
+
+// --- device: rcopy round trip -----------------------------------------------
+
+TEST(RdmaTransport, RcopyRoundTripOverRdma) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string rcopy = BinaryPath("tools/rcopy/rcopy");
+  if (access(rcopy.c_str(), X_OK) != 0) GTEST_SKIP() << "rcopy is not built in this tree (" << rcopy << ")";
+  const std::string address = RdmaTestAddress();
+  TempDir dir;
+  ASSERT_TRUE(CreateDirs(dir.File("root")).ok());
+  const std::string contents = RandomBytes((size_t{48} << 20) + 12345, 77);
+  ASSERT_TRUE(WriteFileAtomic(dir.File("src"), contents).ok());
+  const std::string port_file = dir.File("port");
+  pid_t server = fork();
+  ASSERT_GE(server, 0);
+  if (server == 0) {
+    execl(rcopy.c_str(), rcopy.c_str(), "--server", "--root", dir.File("root").c_str(), "--transport", "rdma",
+          "--bind", address.c_str(), "--port", "0", "--port-file", port_file.c_str(), "--quiet",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string port;
+  for (int i = 0; i < 200 && port.empty(); ++i) {
+    std::this_thread::sleep_for(50ms);
+    port = ReadFirstLine(port_file);
+  }
+  std::string output;
+  int rc = -1;
+  if (!port.empty()) {
+    rc = RunCommand("timeout 60 " + rcopy + " " + dir.File("src") + " " + address +
+                        ":copy --transport rdma --port " + port + " --verify --chunk 4M -P 2 2>&1",
+                    &output);
+  }
+  kill(server, SIGTERM);
+  EXPECT_NE(::canopy::testing::WaitChild(server, 10s), -1);
+  ASSERT_FALSE(port.empty()) << "rcopy server did not write its port";
+  ASSERT_EQ(rc, 0) << output;
+  auto copied = ReadFileToString(dir.File("root/copy"));
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_TRUE(*copied == contents) << "copied file differs (" << copied->size() << " bytes)";
+}
+
+}  // namespace
+}  // namespace canopy::transport

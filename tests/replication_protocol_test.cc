@@ -1,0 +1,272 @@
+// Wire codec, authentication and ring placement of the replication module.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "replication/auth.h"
+#include "replication/protocol.h"
+#include "replication/ring.h"
+
+namespace canopy::replication {
+namespace {
+
+// Every single-byte change and every truncation of `encoded` must fail to
+// decode (the payload CRC and the strict field checks make that so).
+template <typename T>
+void ExpectTamperingDetected(const std::string& encoded, Result<T> (*decode)(std::string_view)) {
+  ASSERT_TRUE(decode(encoded).ok()) << decode(encoded).status().ToString();
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    for (uint8_t flip : {0x01, 0x80, 0xff}) {
+      std::string bad = encoded;
+      bad[i] = static_cast<char>(bad[i] ^ flip);
+      auto r = decode(bad);
+      EXPECT_FALSE(r.ok()) << "flip 0x" << std::hex << int(flip) << " at byte " << std::dec << i;
+      if (!r.ok()) {
+        EXPECT_TRUE(r.status().IsCorruption()) << r.status().ToString();
+      }
+    }
+  }
+  for (size_t n = 0; n < encoded.size(); ++n) {
+    EXPECT_FALSE(decode(encoded.substr(0, n)).ok()) << "truncated to " << n;
+  }
+  EXPECT_FALSE(decode(encoded + "x").ok()) << "trailing byte";
+}
+
+template <typename T>
+void RoundTrip(const T& m, Result<T> (*decode)(std::string_view)) {
+  std::string enc = Encode(m);
+  auto back = decode(enc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, m);
+  ExpectTamperingDetected(enc, decode);
+}
+
+std::string Nonce(char c) { return std::string(kNonceBytes, c); }
+
+TEST(ProtocolTest, HandshakeMessagesRoundTrip) {
+  RoundTrip(Hello{"prod", "7", PeerRole::kNode, kProtocolVersion, Nonce('a'), "tcp://127.0.0.1:7000"}, &DecodeHello);
+  RoundTrip(Hello{"c", "client-1", PeerRole::kClient, 9, Nonce('\0'), ""}, &DecodeHello);
+  RoundTrip(Challenge{"3", Nonce('b'), std::string(kProofBytes, 'p')}, &DecodeChallenge);
+  RoundTrip(Auth{std::string(kProofBytes, 'q')}, &DecodeAuth);
+  RoundTrip(Welcome{"3"}, &DecodeWelcome);
+}
+
+TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
+  RoundTrip(Subscribe{"tree-1", 4, 123456789, "2", 3}, &DecodeSubscribe);
+  RoundTrip(SnapshotBegin{"t", 1, 77}, &DecodeSnapshotBegin);
+  RoundTrip(SnapshotChunk{"t", 1, 5, std::string("\0\1\2chunk", 8)}, &DecodeSnapshotChunk);
+  RoundTrip(SnapshotEnd{"t", 1, 77, 6}, &DecodeSnapshotEnd);
+  RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
+  RoundTrip(Ack{"t", 2, 10}, &DecodeAck);
+  Heartbeat hb{"1", 42, {{"a", 1, 5}, {"b", 3, 0}}, {{"1", "tcp://127.0.0.1:1"}, {"2", "tcp://127.0.0.1:2"}}, "127.0.0.1:7101"};
+  RoundTrip(hb, &DecodeHeartbeat);
+  RoundTrip(ErrorMessage{StatusCode::kPermissionDenied, "wrong secret"}, &DecodeError);
+}
+
+TEST(ProtocolTest, ClientMessagesRoundTrip) {
+  CommitRequest c{"t", 3, ConsistencyLevel::kAll, 2500, {}};
+  c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {0, 2}, "k", "v", 0});
+  c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
+  c.edits.push_back(Edit{Edit::Kind::kDeleteChild, {1}, "", "", 4});
+  RoundTrip(c, &DecodeCommitRequest);
+  RoundTrip(CommitReply{{StatusCode::kTimeout, "only 1 of 3"}, 4, 1, "tcp://127.0.0.1:9"}, &DecodeCommitReply);
+  RoundTrip(ReadRequest{"t", 0, {1, 2, 3}}, &DecodeReadRequest);
+  RoundTrip(ReadReply{{}, 7, {{"a", "1"}, {"b", std::string(300, 'x')}}, 3}, &DecodeReadReply);
+  RoundTrip(StatusRequest{}, &DecodeStatusRequest);
+  StatusReply s;
+  s.node_id = "1";
+  s.nodes = {{"1", "tcp://127.0.0.1:1", true}, {"2", "tcp://127.0.0.1:2", false}};
+  s.replication_factor = 3;
+  s.vnodes = 256;
+  TreeStatus t;
+  t.tree = "t";
+  t.leader = "1";
+  t.epoch = 1;
+  t.role = "leader";
+  t.durable_version = 10;
+  t.digest = "00ff";
+  t.owners = {"1", "2"};
+  t.replica_versions = {{"2", 9}};
+  t.snapshots_received = 1;
+  t.snapshots_sent = 2;
+  s.trees.push_back(t);
+  RoundTrip(s, &DecodeStatusReply);
+  RoundTrip(CreateTreeRequest{"t"}, &DecodeCreateTreeRequest);
+  RoundTrip(CreateTreeReply{{}, "1", {"1", "2", "3"}}, &DecodeCreateTreeReply);
+}
+
+TEST(ProtocolTest, WrongTypeAndVersionAreRejected) {
+  std::string ack = Encode(Ack{"t", 1, 1});
+  auto as_delta = DecodeDelta(ack);
+  ASSERT_FALSE(as_delta.ok());
+  EXPECT_NE(as_delta.status().message().find("expected DELTA"), std::string::npos) << as_delta.status().ToString();
+  EXPECT_FALSE(DecodeHello("").ok());
+  EXPECT_EQ(MessageTypeName(0x0115), "ACK");
+  EXPECT_EQ(MessageTypeName(0x7777), "UNKNOWN(0x7777)");
+}
+
+TEST(ProtocolTest, DecodersSurviveRandomInput) {
+  // Random buffers (some with a valid header and CRC, so the body parser is
+  // exercised) never crash a decoder and never decode to something odd.
+  uint64_t x = 88172645463325252ULL;
+  auto next = [&] { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return x; };
+  for (int round = 0; round < 2000; ++round) {
+    std::string buf(next() % 64, '\0');
+    for (auto& c : buf) c = static_cast<char>(next());
+    (void)DecodeHello(buf);
+    (void)DecodeHeartbeat(buf);
+    (void)DecodeCommitRequest(buf);
+    (void)DecodeStatusReply(buf);
+    (void)DecodeReadReply(buf);
+  }
+}
+
+TEST(ProtocolTest, ConsistencyLevels) {
+  EXPECT_EQ(*ParseConsistencyLevel("quorum"), ConsistencyLevel::kQuorum);
+  EXPECT_EQ(*ParseConsistencyLevel("ONE"), ConsistencyLevel::kOne);
+  EXPECT_FALSE(ParseConsistencyLevel("most").ok());
+  EXPECT_EQ(RequiredAcks(ConsistencyLevel::kOne, 3), 1u);
+  EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 3), 2u);
+  EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 4), 3u);
+  EXPECT_EQ(RequiredAcks(ConsistencyLevel::kAll, 3), 3u);
+  EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 1), 1u);
+}
+
+TEST(AuthTest, ProofsDependOnSecretSideAndNonces) {
+  const std::string na = Nonce('a'), nb = Nonce('b'), nc = Nonce('c');
+  AuthTranscript t{"prod", "1", "2", na, nb};
+  std::string p = ComputeProof("secret-1234", ProofSide::kListener, t);
+  EXPECT_EQ(p.size(), kProofBytes);
+  EXPECT_TRUE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kListener, t)));
+  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1235", ProofSide::kListener, t)));
+  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kDialer, t)));
+  AuthTranscript t2 = t;
+  t2.listener_nonce = nc;
+  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kListener, t2)));
+  EXPECT_FALSE(ProofsEqual(p, p.substr(1)));
+  EXPECT_FALSE(ProofsEqual("", ""));
+  auto n1 = RandomNonce();
+  auto n2 = RandomNonce();
+  ASSERT_TRUE(n1.ok() && n2.ok());
+  EXPECT_EQ(n1->size(), kNonceBytes);
+  EXPECT_NE(*n1, *n2);
+}
+
+TEST(AuthTest, LoadClusterSecret) {
+  EXPECT_EQ(*LoadClusterSecret("abcdefgh", ""), "abcdefgh");
+  EXPECT_FALSE(LoadClusterSecret("short", "").ok());
+  EXPECT_FALSE(LoadClusterSecret("", "").ok());
+  EXPECT_FALSE(LoadClusterSecret("abcdefgh", "/x").ok());
+  EXPECT_FALSE(LoadClusterSecret("", "/nonexistent/secret").ok());
+}
+
+std::vector<std::string> NodeIds(int n, int first = 1) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(std::to_string(first + i));
+  return ids;
+}
+
+Ring MakeRing(int n, RingOptions o = {}) {
+  Ring ring(o);
+  for (const auto& id : NodeIds(n)) EXPECT_TRUE(ring.AddNode(id).ok());
+  return ring;
+}
+
+TEST(RingTest, OwnersAreDistinctAndDeterministic) {
+  Ring a = MakeRing(5);
+  Ring b(RingOptions{});
+  for (const auto& id : {"5", "3", "1", "4", "2"}) ASSERT_TRUE(b.AddNode(id).ok());  // other order
+  for (int k = 0; k < 200; ++k) {
+    std::string key = "tree-" + std::to_string(k);
+    auto owners = a.Owners(key);
+    ASSERT_EQ(owners.size(), 3u);
+    EXPECT_EQ(std::set<std::string>(owners.begin(), owners.end()).size(), 3u);
+    EXPECT_EQ(owners, b.Owners(key));
+    EXPECT_TRUE(a.IsOwner(key, owners[0]));
+  }
+  EXPECT_EQ(MakeRing(2).Owners("x").size(), 2u);  // RF capped by node count
+  EXPECT_TRUE(Ring().Owners("x").empty());
+  Ring r;
+  EXPECT_EQ(r.AddNode("").code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(r.AddNode("1").ok());
+  EXPECT_EQ(r.AddNode("1").code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(r.RemoveNode("2").code(), StatusCode::kNotFound);
+  EXPECT_EQ(Ring(RingOptions{0, 3}).AddNode("1").code(), StatusCode::kInvalidArgument);
+}
+
+TEST(RingTest, OwnershipIsBalanced) {
+  // With 256 vnodes per node the share of the hash space each node owns
+  // stays within 20% of the mean (it is ~RF/N).
+  for (int n : {3, 5, 10}) {
+    Ring ring = MakeRing(n);
+    auto shares = ring.OwnershipShares();
+    double sum = 0;
+    for (double s : shares) sum += s;
+    EXPECT_NEAR(sum, 3.0, 1e-6);
+    double mean = sum / n;
+    for (double s : shares) EXPECT_NEAR(s, mean, 0.2 * mean) << "n=" << n;
+  }
+  // Keys, too: 30000 tree names spread over 10 nodes as leaders.
+  Ring ring = MakeRing(10);
+  std::map<std::string, int> leaders;
+  for (int k = 0; k < 30000; ++k) ++leaders[ring.Owners("t" + std::to_string(k))[0]];
+  for (const auto& [id, count] : leaders) EXPECT_NEAR(count, 3000, 600) << id;
+}
+
+TEST(RingTest, JoinMovesOnlyTheJoinersShare) {
+  Ring before = MakeRing(5);
+  Ring after = MakeRing(5);
+  ASSERT_TRUE(after.AddNode("6").ok());
+  int changed = 0;
+  const int kKeys = 20000;
+  for (int k = 0; k < kKeys; ++k) {
+    std::string key = "tree-" + std::to_string(k);
+    auto old_owners = before.Owners(key);
+    auto new_owners = after.Owners(key);
+    std::set<std::string> o(old_owners.begin(), old_owners.end());
+    std::set<std::string> n(new_owners.begin(), new_owners.end());
+    if (o == n) continue;
+    ++changed;
+    // The only change: the new node took the place of exactly one old owner.
+    ASSERT_TRUE(n.count("6")) << key;
+    std::vector<std::string> lost;
+    std::set_difference(o.begin(), o.end(), n.begin(), n.end(), std::back_inserter(lost));
+    EXPECT_EQ(lost.size(), 1u) << key;
+  }
+  // Expected fraction RF/N = 3/6 = 0.5 of the keys gain node 6 as an owner.
+  double frac = static_cast<double>(changed) / kKeys;
+  EXPECT_NEAR(frac, 0.5, 0.08);
+  // Removing it again restores the old placement exactly.
+  ASSERT_TRUE(after.RemoveNode("6").ok());
+  for (int k = 0; k < 1000; ++k) {
+    std::string key = "tree-" + std::to_string(k);
+    EXPECT_EQ(before.Owners(key), after.Owners(key));
+  }
+}
+
+TEST(RingTest, RangesCoverTheRing) {
+  Ring ring = MakeRing(3, RingOptions{16, 2});
+  auto ranges = ring.Ranges();
+  ASSERT_EQ(ranges.size(), 48u);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(ranges[i].start_exclusive, ranges[(i + ranges.size() - 1) % ranges.size()].end_inclusive);
+    EXPECT_EQ(ranges[i].owners.size(), 2u);
+  }
+  // A key's owners are the owners of the range its hash falls in.
+  for (int k = 0; k < 100; ++k) {
+    std::string key = "k" + std::to_string(k);
+    uint64_t h = Ring::HashKey(key);
+    auto it = std::find_if(ranges.begin(), ranges.end(), [&](const Ring::Range& r) { return h <= r.end_inclusive; });
+    const auto& r = it == ranges.end() ? ranges.front() : *it;
+    EXPECT_EQ(r.owners, ring.Owners(key));
+  }
+}
+
+}  // namespace
+}  // namespace canopy::replication

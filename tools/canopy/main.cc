@@ -1,0 +1,492 @@
+// canopy: run a cluster node, and administer / use a cluster from scripts.
+//
+//   canopy node --listen tcp://127.0.0.1:7001 --data /tmp/n1 --cluster demo --secret-file s
+//               [--seed tcp://127.0.0.1:7002 ...]
+//   canopy create-tree --node tcp://127.0.0.1:7001 --cluster demo --secret-file s --tree docs
+//   canopy commit --node URI ... --tree docs --cl QUORUM --append / --put /0:title=hello
+//   canopy read   --node URI ... --tree docs --path /0
+//   canopy status --node URI ... [--json]
+//   canopy bench  --node URI ... --tree docs --count 1000 --value-bytes 100 --cl QUORUM
+//
+// Exit status: 0 on success, 1 when the operation failed (the reason on
+// stderr), 2 for bad command-line usage.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/file.h"
+#include "base/logging.h"
+#include "replication/auth.h"
+#include "replication/client.h"
+#include "replication/node.h"
+#include "replication/protocol.h"
+#include "transport/builtin.h"
+
+namespace po = boost::program_options;
+using namespace canopy;
+using namespace canopy::replication;
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+const char* kTopUsage =
+    "usage: canopy COMMAND [options]   (canopy COMMAND --help for the options of each)\n"
+    "commands:\n"
+    "  node         run a cluster node (serves clients, replicates trees to/from peers)\n"
+    "  create-tree  create an empty tree (on its leader; any node redirects there)\n"
+    "  commit       commit edits to a tree at a consistency level ONE|QUORUM|ALL\n"
+    "  read         read one tree node (attributes and child count) by path\n"
+    "  status       show the ring (members, liveness) and each tree's replica versions\n"
+    "  bench        commit N single-attribute edits and print throughput and latency\n";
+
+// Options shared by every client command.
+struct ClientArgs {
+  std::string node;
+  std::string cluster;
+  std::string secret;
+  std::string secret_file;
+  uint32_t timeout_ms = 10000;
+};
+
+void AddClientOptions(po::options_description& d, ClientArgs& a) {
+  d.add_options()
+      ("node", po::value(&a.node)->required(), "URI of any cluster node, e.g. tcp://127.0.0.1:7001")
+      ("cluster", po::value(&a.cluster)->required(), "cluster name (must match the nodes' --cluster)")
+      ("secret", po::value(&a.secret), "shared cluster secret (at least 8 bytes); prefer --secret-file")
+      ("secret-file", po::value(&a.secret_file), "file holding the shared cluster secret")
+      ("timeout-ms", po::value(&a.timeout_ms)->default_value(10000), "per-request timeout in milliseconds");
+}
+
+// Parses argv for one command; returns false when --help was printed.
+bool Parse(int argc, char** argv, po::options_description& d, const char* usage) {
+  d.add_options()("help,h", "print this help");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n" << d << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  return true;
+}
+
+std::unique_ptr<Client> ConnectClient(const ClientArgs& a) {
+  auto secret = LoadClusterSecret(a.secret, a.secret_file);
+  if (!secret.ok()) throw UsageError(secret.status().message());
+  ClientOptions o;
+  o.cluster = a.cluster;
+  o.secret = *secret;
+  o.timeout = std::chrono::milliseconds(a.timeout_ms);
+  auto c = Client::Connect(a.node, o);
+  if (!c.ok()) throw std::runtime_error("cannot connect to " + a.node + ": " + c.status().ToString());
+  return std::move(*c);
+}
+
+// "/", "/0", "/2/1" -> child indexes.
+std::vector<uint32_t> ParsePath(const std::string& text) {
+  if (text.empty() || text[0] != '/') throw UsageError("a path starts with '/': '" + text + "'");
+  std::vector<uint32_t> path;
+  size_t pos = 1;
+  while (pos < text.size()) {
+    size_t end = text.find('/', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string part = text.substr(pos, end - pos);
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 9) {
+      throw UsageError("bad path component '" + part + "' in '" + text + "'");
+    }
+    path.push_back(static_cast<uint32_t>(std::stoul(part)));
+    pos = end + 1;
+  }
+  return path;
+}
+
+// "PATH:REST" split at the first ':'.
+std::pair<std::vector<uint32_t>, std::string> SplitPathArg(const std::string& arg, const char* what) {
+  size_t colon = arg.find(':');
+  if (colon == std::string::npos) throw UsageError(std::string(what) + " expects PATH:..., got '" + arg + "'");
+  return {ParsePath(arg.substr(0, colon)), arg.substr(colon + 1)};
+}
+
+uint32_t ParseIndex(const std::string& s, const std::string& arg) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || s.size() > 9) {
+    throw UsageError("bad child index in '" + arg + "'");
+  }
+  return static_cast<uint32_t>(std::stoul(s));
+}
+
+// ------------------------------------------------------------------ node
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+int RunNode(int argc, char** argv) {
+  NodeOptions o;
+  std::string secret, secret_file, fsync = "always", raft, uri_file, log_level;
+  uint32_t rf = 3, vnodes = 256;
+  std::vector<std::string> raft_peers;
+  uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
+  uint32_t heartbeat_ms = 100, failure_ms = 1500;
+  po::options_description d("canopy node options");
+  d.add_options()
+      ("listen", po::value(&o.listen_uri)->required(),
+       "URI to serve clients and peers on, e.g. tcp://127.0.0.1:7001 (port 0 picks a free port; the real URI "
+       "is printed and written to --uri-file)")
+      ("data", po::value(&o.data_dir)->required(), "data directory (tree store, node id, known members)")
+      ("cluster", po::value(&o.cluster)->required(), "cluster name; peers and clients must use the same")
+      ("seed", po::value(&o.seeds)->composing(),
+       "URI of another cluster member to contact at start (repeatable); members learn each other by gossip")
+      ("node-id", po::value(&o.node_id),
+       "this node's id (decimal); default: the id stored in --data, or a random one chosen on first start")
+      ("secret", po::value(&secret), "shared cluster secret (>= 8 bytes); visible in ps, prefer --secret-file")
+      ("secret-file", po::value(&secret_file), "file holding the shared cluster secret")
+      ("rf", po::value(&rf)->default_value(3), "replication factor: owners of each tree, leader included")
+      ("vnodes", po::value(&vnodes)->default_value(256), "virtual nodes (ring tokens) per node")
+      ("fsync", po::value(&fsync)->default_value("always"),
+       "WAL durability: always (fsync before ACK, group commit), batch (every 10 ms), none")
+      ("raft", po::value(&raft),
+       "IPv4:port of this node's metadata raft (enables leader failover: tree leaders and epochs live in the "
+       "raft group); without it every tree keeps its ring leader and there is no failover")
+      ("raft-peer", po::value(&raft_peers)->composing(),
+       "ID=IPv4:port of a founding raft member (repeatable; the same list on every founding node, read on the "
+       "first start only)")
+      ("checkpoint-every", po::value(&checkpoint_every)->default_value(10000),
+       "write a tree checkpoint after this many commits")
+      ("wal-retain", po::value(&wal_retain)->default_value(10000),
+       "after a checkpoint keep WAL deltas for this many versions (lagging replicas beyond get a snapshot)")
+      ("wal-segment-bytes", po::value(&wal_segment_bytes)->default_value(64 << 20), "WAL segment file size")
+      ("heartbeat-ms", po::value(&heartbeat_ms)->default_value(100), "heartbeat interval")
+      ("failure-ms", po::value(&failure_ms)->default_value(1500), "a peer silent this long is considered dead")
+      ("uri-file", po::value(&uri_file), "write the served URI to this file once listening")
+      ("log", po::value(&log_level), "log level: debug|info|warn|error (default: $CANOPY_LOG or info)");
+  if (!Parse(argc, argv, d, "usage: canopy node --listen URI --data DIR --cluster NAME (--secret S | --secret-file F) "
+                            "[--seed URI ...]"))
+    return 0;
+  if (!log_level.empty()) SetLogLevel(ParseLogLevel(log_level));
+  auto s = LoadClusterSecret(secret, secret_file);
+  if (!s.ok()) throw UsageError(s.status().message());
+  o.secret = *s;
+  auto policy = tree::ParseFsyncPolicy(fsync);
+  if (!policy.ok()) throw UsageError(policy.status().message());
+  if (!raft.empty() && raft.find(':') == std::string::npos) throw UsageError("--raft expects IPv4:port");
+  if (!raft_peers.empty() && raft.empty()) throw UsageError("--raft-peer needs --raft");
+  if (!raft.empty() && o.node_id.empty()) throw UsageError("--raft needs --node-id (a decimal number > 0)");
+  o.raft_address = raft;
+  for (const auto& p : raft_peers) {
+    size_t eq = p.find('=');
+    if (eq == std::string::npos || eq == 0 || p.substr(0, eq).find_first_not_of("0123456789") != std::string::npos) {
+      throw UsageError("--raft-peer expects ID=IPv4:port, got '" + p + "'");
+    }
+    o.raft_members[std::stoull(p.substr(0, eq))] = p.substr(eq + 1);
+  }
+  if (!o.node_id.empty() && o.node_id.find_first_not_of("0123456789") != std::string::npos) {
+    throw UsageError("--node-id must be a decimal number");
+  }
+  o.store.fsync = *policy;
+  o.store.checkpoint_every_commits = checkpoint_every;
+  o.store.wal_retain_versions = wal_retain;
+  o.store.wal_segment_bytes = wal_segment_bytes;
+  o.ring.replication_factor = rf;
+  o.ring.vnodes_per_node = vnodes;
+  o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  o.failure_timeout = std::chrono::milliseconds(failure_ms);
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto node = Node::Start(o);
+  if (!node.ok()) {
+    std::cerr << "canopy node: " << node.status().ToString() << "\n";
+    return 1;
+  }
+  if (!uri_file.empty()) {
+    Status w = WriteFileAtomic(uri_file, (*node)->uri() + "\n");
+    if (!w.ok()) {
+      std::cerr << "canopy node: " << w.ToString() << "\n";
+      return 1;
+    }
+  }
+  std::cout << "node " << (*node)->node_id() << " listening on " << (*node)->uri() << std::endl;
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  (*node)->Stop();
+  return 0;
+}
+
+// ------------------------------------------------------------------ client commands
+
+int ReportStatus(const StatusReplyFields& s, const char* what) {
+  if (s.code == StatusCode::kOk) return 0;
+  std::cerr << "canopy " << what << ": " << s.ToStatus().ToString() << "\n";
+  return 1;
+}
+
+int RunCreateTree(int argc, char** argv) {
+  ClientArgs a;
+  std::string tree;
+  po::options_description d("canopy create-tree options");
+  AddClientOptions(d, a);
+  d.add_options()("tree", po::value(&tree)->required(), "tree name ([A-Za-z0-9._-], 1..200 characters)");
+  if (!Parse(argc, argv, d, "usage: canopy create-tree --node URI --cluster NAME --secret-file F --tree NAME")) return 0;
+  auto c = ConnectClient(a);
+  auto r = c->CreateTree(tree);
+  if (!r.ok()) throw std::runtime_error(r.status().ToString());
+  if (int rc = ReportStatus(r->status, "create-tree")) return rc;
+  std::string owners;
+  for (const auto& o : r->owners) owners += (owners.empty() ? "" : ",") + o;
+  std::cout << "created " << tree << " on leader " << r->leader << " (owners " << owners << ")\n";
+  return 0;
+}
+
+int RunCommit(int argc, char** argv) {
+  ClientArgs a;
+  std::string tree, cl = "QUORUM";
+  uint64_t base = 0;
+  std::vector<std::string> puts, appends, inserts, deletes, delete_attrs;
+  po::options_description d(
+      "canopy commit options (edits apply in this order: --append, --insert, --put, --delete-attr, --delete)");
+  AddClientOptions(d, a);
+  d.add_options()
+      ("tree", po::value(&tree)->required(), "tree name")
+      ("cl", po::value(&cl)->default_value("QUORUM"),
+       "consistency level: ONE (leader), QUORUM (majority of owners), ALL (every owner) durable before success")
+      ("base", po::value(&base)->default_value(0), "version the edits are based on (0: the latest; else stale = Conflict)")
+      ("append", po::value(&appends)->composing(), "PATH: append an empty child to the node at PATH (e.g. /)")
+      ("insert", po::value(&inserts)->composing(), "PATH:INDEX: insert an empty child at INDEX")
+      ("put", po::value(&puts)->composing(), "PATH:KEY=VALUE: set attribute KEY of the node at PATH")
+      ("delete-attr", po::value(&delete_attrs)->composing(), "PATH:KEY: delete attribute KEY")
+      ("delete", po::value(&deletes)->composing(), "PATH:INDEX: delete child INDEX (with its subtree)");
+  if (!Parse(argc, argv, d, "usage: canopy commit --node URI --cluster NAME --secret-file F --tree T EDITS...")) return 0;
+  CommitRequest req;
+  req.tree = tree;
+  req.base_version = base;
+  auto level = ParseConsistencyLevel(cl);
+  if (!level.ok()) throw UsageError(level.status().message());
+  req.level = *level;
+  req.timeout_ms = a.timeout_ms;
+  for (const auto& p : appends) req.edits.push_back(Edit{Edit::Kind::kAppendChild, ParsePath(p), "", "", 0});
+  for (const auto& arg : inserts) {
+    auto [path, rest] = SplitPathArg(arg, "--insert");
+    req.edits.push_back(Edit{Edit::Kind::kInsertChild, path, "", "", ParseIndex(rest, arg)});
+  }
+  for (const auto& arg : puts) {
+    auto [path, rest] = SplitPathArg(arg, "--put");
+    size_t eq = rest.find('=');
+    if (eq == std::string::npos) throw UsageError("--put expects PATH:KEY=VALUE, got '" + arg + "'");
+    req.edits.push_back(Edit{Edit::Kind::kPutAttribute, path, rest.substr(0, eq), rest.substr(eq + 1), 0});
+  }
+  for (const auto& arg : delete_attrs) {
+    auto [path, rest] = SplitPathArg(arg, "--delete-attr");
+    req.edits.push_back(Edit{Edit::Kind::kDeleteAttribute, path, rest, "", 0});
+  }
+  for (const auto& arg : deletes) {
+    auto [path, rest] = SplitPathArg(arg, "--delete");
+    req.edits.push_back(Edit{Edit::Kind::kDeleteChild, path, "", "", ParseIndex(rest, arg)});
+  }
+  if (req.edits.empty()) throw UsageError("no edits given (--append, --insert, --put, --delete-attr, --delete)");
+  auto c = ConnectClient(a);
+  auto r = c->Commit(req);
+  if (!r.ok()) throw std::runtime_error(r.status().ToString());
+  if (int rc = ReportStatus(r->status, "commit")) return rc;
+  std::cout << "committed version " << r->version << " (" << r->acks << " replicas durable, " << cl << ")\n";
+  return 0;
+}
+
+int RunRead(int argc, char** argv) {
+  ClientArgs a;
+  std::string tree, path = "/";
+  uint64_t version = 0;
+  bool json = false;
+  po::options_description d("canopy read options");
+  AddClientOptions(d, a);
+  d.add_options()
+      ("tree", po::value(&tree)->required(), "tree name")
+      ("path", po::value(&path)->default_value("/"), "node path: / is the root, /0/2 the root's first child's third")
+      ("version", po::value(&version)->default_value(0), "version to read (0: the node's latest)")
+      ("json", po::bool_switch(&json), "print JSON");
+  if (!Parse(argc, argv, d, "usage: canopy read --node URI --cluster NAME --secret-file F --tree T [--path P]")) return 0;
+  auto c = ConnectClient(a);
+  auto r = c->Read(ReadRequest{tree, version, ParsePath(path)});
+  if (!r.ok()) throw std::runtime_error(r.status().ToString());
+  if (int rc = ReportStatus(r->status, "read")) return rc;
+  if (json) {
+    nlohmann::json j;
+    j["version"] = r->version;
+    j["children"] = r->child_count;
+    j["attributes"] = nlohmann::json::object();
+    for (const auto& [k, v] : r->attributes) j["attributes"][k] = v;
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << "version " << r->version << " children " << r->child_count << "\n";
+    for (const auto& [k, v] : r->attributes) std::cout << k << "=" << v << "\n";
+  }
+  return 0;
+}
+
+int RunStatus(int argc, char** argv) {
+  ClientArgs a;
+  bool json = false, all = false;
+  po::options_description d("canopy status options");
+  AddClientOptions(d, a);
+  d.add_options()
+      ("json", po::bool_switch(&json), "print JSON")
+      ("all", po::bool_switch(&all),
+       "ask every member too and print one line per tree and node: role, durable version, digest");
+  if (!Parse(argc, argv, d, "usage: canopy status --node URI --cluster NAME --secret-file F [--json] [--all]")) return 0;
+  auto c = ConnectClient(a);
+  auto r = c->GetStatus();
+  if (!r.ok()) throw std::runtime_error(r.status().ToString());
+  if (all) {
+    // tree -> node -> "role version digest"
+    std::map<std::string, std::map<std::string, std::string>> table;
+    for (const auto& n : r->nodes) {
+      ClientArgs each = a;
+      each.node = n.uri;
+      std::unique_ptr<Client> nc;
+      std::string why;
+      try {
+        nc = ConnectClient(each);
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      auto s = nc ? nc->GetStatus() : Result<StatusReply>(Status::Unavailable(why));
+      if (!s.ok()) {
+        table[""][n.node_id] = "unreachable: " + s.status().ToString();
+        continue;
+      }
+      for (const auto& t : s->trees) {
+        table[t.tree][n.node_id] = t.role + " epoch " + std::to_string(t.epoch) + " version " +
+                                   std::to_string(t.durable_version) + (t.digest.empty() ? "" : " digest " + t.digest);
+      }
+    }
+    for (const auto& [tree, nodes] : table) {
+      for (const auto& [id, text] : nodes) {
+        std::cout << (tree.empty() ? "-" : tree) << " node " << id << ": " << text << "\n";
+      }
+    }
+    return 0;
+  }
+  if (json) {
+    nlohmann::json j;
+    j["node"] = r->node_id;
+    j["replication_factor"] = r->replication_factor;
+    j["vnodes"] = r->vnodes;
+    j["nodes"] = nlohmann::json::array();
+    for (const auto& n : r->nodes) j["nodes"].push_back({{"id", n.node_id}, {"uri", n.uri}, {"alive", n.alive}});
+    j["trees"] = nlohmann::json::array();
+    for (const auto& t : r->trees) {
+      j["trees"].push_back({{"tree", t.tree}, {"leader", t.leader}, {"epoch", t.epoch}, {"role", t.role},
+                            {"durable_version", t.durable_version}, {"digest", t.digest}, {"owners", t.owners},
+                            {"replica_versions", t.replica_versions}, {"snapshots_received", t.snapshots_received},
+                            {"snapshots_sent", t.snapshots_sent}});
+    }
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::cout << "node " << r->node_id << " (rf " << r->replication_factor << ", vnodes " << r->vnodes << ")\n";
+  for (const auto& n : r->nodes) std::cout << "  member " << n.node_id << " " << n.uri << (n.alive ? " alive" : " DEAD") << "\n";
+  for (const auto& t : r->trees) {
+    std::cout << "  tree " << t.tree << ": leader " << t.leader << " epoch " << t.epoch << ", here " << t.role
+              << " at durable version " << t.durable_version << (t.digest.empty() ? "" : " digest " + t.digest) << "\n";
+    for (const auto& [id, v] : t.replica_versions) std::cout << "    replica " << id << " acked version " << v << "\n";
+  }
+  return 0;
+}
+
+int RunBench(int argc, char** argv) {
+  ClientArgs a;
+  std::string tree, cl = "QUORUM";
+  uint64_t count = 1000;
+  uint32_t value_bytes = 100;
+  bool json = false;
+  po::options_description d("canopy bench options: N sequential commits, each putting one attribute of the root");
+  AddClientOptions(d, a);
+  d.add_options()
+      ("tree", po::value(&tree)->required(), "tree name (created when missing)")
+      ("cl", po::value(&cl)->default_value("QUORUM"), "consistency level ONE|QUORUM|ALL")
+      ("count", po::value(&count)->default_value(1000), "number of commits")
+      ("value-bytes", po::value(&value_bytes)->default_value(100), "size of each attribute value")
+      ("json", po::bool_switch(&json), "print one JSON object");
+  if (!Parse(argc, argv, d, "usage: canopy bench --node URI --cluster NAME --secret-file F --tree T")) return 0;
+  auto level = ParseConsistencyLevel(cl);
+  if (!level.ok()) throw UsageError(level.status().message());
+  auto c = ConnectClient(a);
+  auto created = c->CreateTree(tree);
+  if (!created.ok()) throw std::runtime_error(created.status().ToString());
+  if (created->status.code != StatusCode::kOk && created->status.code != StatusCode::kAlreadyExists) {
+    return ReportStatus(created->status, "bench");
+  }
+  std::vector<double> lat_us;
+  lat_us.reserve(count);
+  std::string value(value_bytes, 'v');
+  auto start = std::chrono::steady_clock::now();
+  for (uint64_t i = 0; i < count; ++i) {
+    CommitRequest req{tree, 0, *level, a.timeout_ms, {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string(i % 1000), value, 0}}};
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = c->Commit(req);
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    if (int rc = ReportStatus(r->status, "bench")) return rc;
+    lat_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::sort(lat_us.begin(), lat_us.end());
+  auto pct = [&](double p) { return lat_us.empty() ? 0.0 : lat_us[std::min(lat_us.size() - 1, size_t(p * lat_us.size()))]; };
+  double tput = secs > 0 ? count / secs : 0;
+  if (json) {
+    nlohmann::json j{{"cl", cl}, {"count", count}, {"value_bytes", value_bytes}, {"seconds", secs},
+                     {"commits_per_s", tput}, {"p50_us", pct(0.50)}, {"p99_us", pct(0.99)}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::printf("%s: %lu commits of %u bytes in %.3f s: %.0f commits/s, p50 %.0f us, p99 %.0f us\n", cl.c_str(),
+                static_cast<unsigned long>(count), value_bytes, secs, tput, pct(0.50), pct(0.99));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kTopUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  if (const char* lvl = std::getenv("CANOPY_LOG")) SetLogLevel(ParseLogLevel(lvl));
+  transport::RegisterBuiltinTransports();
+  std::string cmd = argv[1];
+  try {
+    if (cmd == "node") return RunNode(argc - 1, argv + 1);
+    if (cmd == "create-tree") return RunCreateTree(argc - 1, argv + 1);
+    if (cmd == "commit") return RunCommit(argc - 1, argv + 1);
+    if (cmd == "read") return RunRead(argc - 1, argv + 1);
+    if (cmd == "status") return RunStatus(argc - 1, argv + 1);
+    if (cmd == "bench") return RunBench(argc - 1, argv + 1);
+    std::cerr << "canopy: unknown command '" << cmd << "'\n" << kTopUsage;
+    return 2;
+  } catch (const UsageError& e) {
+    std::cerr << "canopy " << cmd << ": " << e.what() << " (see canopy " << cmd << " --help)\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "canopy " << cmd << ": " << e.what() << "\n";
+    return 1;
+  }
+}
