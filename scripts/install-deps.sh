@@ -15,7 +15,7 @@ PACKAGES=(
   perftest  # ib_write_bw / ib_send_bw, the peer bench/rdma.sh compares against
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
-  iproute2 procps psmisc iperf3 gnuplot-nox util-linux
+  iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
   # replication benchmark peer (bench/replication.sh)
   etcd-server etcd-client
   # HTTP benchmark peers (bench/http.sh)

@@ -1,0 +1,77 @@
+// The rcopy server: receives files over any transport and publishes them
+// under its root directory.
+//
+// Guarantees:
+//  - Nothing is written outside the root: names are checked with
+//    SplitSafeRelativePath and opened with OpenParentBeneath (safe_path.h).
+//  - No partial file ever appears under a final name: data goes into a
+//    temporary file in the destination directory, which is fsynced once, then
+//    renamed over the final name (and the directory fsynced) after every
+//    stream has committed (and, with --verify, every range checksum matched).
+//    On any failure or disconnect the temporary file is removed.
+//  - Errors (disk full, file size limit, permission denied, bad names,
+//    checksum mismatch, protocol violations) go back to the client as a RESULT
+//    message with the status code and reason.
+//  - Each connection runs on its own thread; a connection idle for
+//    idle_timeout is dropped (and its transfer fails).
+//
+// Thread safety: Start/Stop/local_endpoint/stats may be called from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/result.h"
+#include "transport/transport.h"
+
+namespace canopy::rcopy {
+
+struct ServerOptions {
+  std::string root;        // directory receiving the files (must exist)
+  std::string listen_uri;  // e.g. "tcp://0.0.0.0:7471" (port 0: any free port)
+  transport::TransportOptions transport;
+  // A connection that receives nothing for this long is dropped; also bounds
+  // how long a committed stream waits for the other streams of its transfer.
+  std::chrono::milliseconds idle_timeout{60000};
+  // Connections beyond this are answered with ResourceExhausted and closed.
+  size_t max_connections = 256;
+};
+
+struct ServerStats {
+  uint64_t connections = 0;       // accepted so far
+  uint64_t files_published = 0;   // transfers renamed into place (or sunk)
+  uint64_t transfers_failed = 0;
+  uint64_t bytes_received = 0;    // bulk bytes over all connections
+};
+
+class Server {
+ public:
+  // Opens the root, starts listening and accepting on a background thread.
+  // NotFound/PermissionDenied for a bad root, the transport's error otherwise.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+
+  // Stops (see Stop).
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound endpoint (the real port when port 0 was asked for).
+  transport::Endpoint local_endpoint() const;
+
+  // Stops accepting, aborts open connections (their transfers fail and their
+  // temporary files are removed) and waits for every connection thread.
+  // Idempotent.
+  void Stop();
+
+  ServerStats stats() const;
+
+  class Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace canopy::rcopy
