@@ -1,0 +1,169 @@
+// The dpdk:// backend in one process: two net_memif ports (server and client
+// on the same socket, --no-huge) carry the shared transport conformance
+// suite, a lossy 256 MiB transfer with drop + reordering + duplication
+// injected, and the wire codec / argument parsing. The two-process, killed
+// peer, bad-EAL and veth/af_packet cases are in dpdk_process_test.cc (they
+// need processes of their own: the EAL is once per process).
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "base/crc32c.h"
+#include "tests/dpdk_test_util.h"
+#include "tests/testing/test_util.h"
+#include "tests/transport_conformance.h"
+#include "transport/builtin.h"
+#include "transport/dpdk/byte_ring.h"
+#include "transport/dpdk/dpdk_wire.h"
+#include "transport/registry.h"
+
+namespace canopy::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using ::canopy::testing::RandomBytes;
+using testing::ConformanceBackend;
+using testing::TransportConformanceTest;
+
+ConformanceBackend MemifBackend() {
+  return ConformanceBackend{
+      "memif_pair", "dpdk://10.0.0.1:0", MemifOptions("port=0"), MemifOptions("port=1"), {}};
+}
+
+ConformanceBackend MemifSmallWindows() {
+  ConformanceBackend b{
+      "memif_small_windows", "dpdk://10.0.0.1:0", MemifOptions("port=0"), MemifOptions("port=1"), {}};
+  for (TransportOptions* o : {&b.listener_options, &b.dialer_options}) {
+    o->buffer_bytes = 64 << 10;
+    o->max_inflight_bytes = 64 << 10;
+  }
+  return b;
+}
+
+// memif works under ASan too (no hugepages, plain mmap), so no skip here.
+INSTANTIATE_TEST_SUITE_P(Dpdk, TransportConformanceTest,
+                         ::testing::Values(MemifBackend(), MemifSmallWindows()),
+                         testing::ConformanceBackendName);
+
+TEST(DpdkTransport, UriParamsAndStatsAndPeerUri) {
+  auto pair = ConnectMemifPair("mtu=1500");
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  EXPECT_EQ(pair->client->peer_uri(), pair->listener->local_endpoint().ToUri());
+  EXPECT_EQ(pair->server->peer_uri().rfind("dpdk://10.0.0.101:", 0), 0u) << pair->server->peer_uri();
+  ASSERT_TRUE(pair->client->Send(3, "hello").ok());
+  auto msg = pair->server->Receive(Deadline::After(5s));
+  ASSERT_TRUE(msg.ok()) << msg.status().ToString();
+  EXPECT_EQ(msg->payload, "hello");
+  EXPECT_EQ(pair->client->stats().messages_sent, 1u);
+  EXPECT_EQ(pair->server->stats().bytes_received, 5u);
+}
+
+TEST(DpdkTransport, UnknownPortIsNotFound) {
+  RegisterBuiltinTransports();
+  auto t = TransportRegistry::Global().Create("dpdk", MemifOptions("port=7"));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto l = (*t)->Listen(*ParseEndpoint("dpdk://10.0.0.1:0"));
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kNotFound) << l.status().ToString();
+  auto named = (*t)->Listen(*ParseEndpoint("dpdk://10.0.0.1:0?port=net_memif9"));
+  EXPECT_EQ(named.status().code(), StatusCode::kNotFound) << named.status().ToString();
+  auto v6 = (*t)->Listen(*ParseEndpoint("dpdk://[::1]:0?port=0"));
+  EXPECT_EQ(v6.status().code(), StatusCode::kInvalidArgument) << v6.status().ToString();
+}
+
+TEST(DpdkTransport, SecondTransportWithOtherEalArgumentsIsRefused) {
+  RegisterBuiltinTransports();
+  ASSERT_TRUE(TransportRegistry::Global().Create("dpdk", MemifOptions("port=0")).ok());
+  TransportOptions other;
+  other.backend_args = {"--no-huge", "-m", "128"};
+  auto t = TransportRegistry::Global().Create("dpdk", other);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument) << t.status().ToString();
+}
+
+// ---- pure pieces: no EAL needed ----
+
+TEST(DpdkWire, SegmentHeaderRoundTripsAndRejectsDamage) {
+  dpdk::SegmentHeader h;
+  h.kind = dpdk::SegmentKind::kData;
+  h.flags = dpdk::kSegFlagFin;
+  h.src_conn = 0xdeadbeef;
+  h.dst_conn = 17;
+  h.seq = uint64_t{1} << 40;
+  h.ack = 12345;
+  h.window = 1 << 20;
+  h.payload_len = 3;
+  h.tsval = 99;
+  h.tsecr = 98;
+  h.sacks = {{100, 200}, {300, 400}};
+  std::string buf(h.encoded_size() + 3, 'p');
+  dpdk::EncodeSegmentHeader(h, buf.data());
+  auto d = dpdk::DecodeSegmentHeader(buf);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->src_conn, h.src_conn);
+  EXPECT_EQ(d->seq, h.seq);
+  EXPECT_EQ(d->ack, h.ack);
+  EXPECT_EQ(d->window, h.window);
+  EXPECT_EQ(d->flags, h.flags);
+  ASSERT_EQ(d->sacks.size(), 2u);
+  EXPECT_EQ(d->sacks[1].end, 400u);
+  // Truncated payload, bad magic, bad kind, inverted SACK block.
+  EXPECT_TRUE(
+      dpdk::DecodeSegmentHeader(std::string_view(buf).substr(0, buf.size() - 1)).status().IsCorruption());
+  std::string bad = buf;
+  bad[0] ^= 1;
+  EXPECT_TRUE(dpdk::DecodeSegmentHeader(bad).status().IsCorruption());
+  bad = buf;
+  bad[3] = 9;
+  EXPECT_TRUE(dpdk::DecodeSegmentHeader(bad).status().IsCorruption());
+  h.sacks = {{5, 5}};
+  std::string inverted(h.encoded_size() + 3, 'p');
+  dpdk::EncodeSegmentHeader(h, inverted.data());
+  EXPECT_TRUE(dpdk::DecodeSegmentHeader(inverted).status().IsCorruption());
+}
+
+TEST(DpdkWire, SplitsCanopyKeysFromEalArguments) {
+  auto s = dpdk::SplitBackendArgs({"--no-huge", "-m", "512", "--vdev", "net_memif0,role=server,socket=/tmp/x",
+                                   "port=1,ip=10.1.2.3", "fault_drop=0.05,fault_reorder=0.1", "mtu=1500"});
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->eal, (std::vector<std::string>{"--no-huge", "-m", "512", "--vdev",
+                                              "net_memif0,role=server,socket=/tmp/x"}));
+  EXPECT_EQ(s->canopy.port, "1");
+  EXPECT_EQ(s->canopy.ip, "10.1.2.3");
+  EXPECT_DOUBLE_EQ(s->canopy.faults.drop, 0.05);
+  EXPECT_DOUBLE_EQ(s->canopy.faults.reorder, 0.1);
+  EXPECT_EQ(s->canopy.mtu, 1500u);
+  for (const char* bad :
+       {"fault_drop=2", "fault_dup=x", "ip=300.1.1.1", "peer_mac=zz", "mtu=10", "port=1,bogus=2"}) {
+    EXPECT_EQ(dpdk::SplitBackendArgs({bad}).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  auto mac = dpdk::ParseMac("02:00:0a:0B:ff:01");
+  ASSERT_TRUE(mac.ok());
+  EXPECT_EQ(dpdk::FormatMac(*mac), "02:00:0a:0b:ff:01");
+  EXPECT_EQ(dpdk::FormatIpv4(*dpdk::ParseIpv4("10.0.0.1")), "10.0.0.1");
+  EXPECT_FALSE(dpdk::ParseIpv4("10.0.0").ok());
+  EXPECT_FALSE(dpdk::ParseIpv4("localhost").ok());
+}
+
+TEST(DpdkWire, ByteRingWrapsAroundByAbsoluteOffsets) {
+  dpdk::ByteRing ring(8);
+  EXPECT_EQ(ring.Append("abcdef", 6), 6u);
+  char out[8];
+  EXPECT_EQ(ring.Read(out, 4), 4u);
+  EXPECT_EQ(std::string(out, 4), "abcd");
+  EXPECT_EQ(ring.Append("ghijklmn", 8), 6u);  // only 6 fit
+  EXPECT_EQ(ring.begin(), 4u);
+  EXPECT_EQ(ring.end(), 12u);
+  ring.CopyOut(6, 5, out);
+  EXPECT_EQ(std::string(out, 5), "ghijk");
+  ring.ConsumeTo(10);
+  EXPECT_EQ(ring.Read(out, 8), 2u);
+  EXPECT_EQ(std::string(out, 2), "kl");
+}
+
+}  // namespace
+}  // namespace canopy::transport

@@ -1,0 +1,593 @@
+#include "transport/dpdk/dpdk_conn.h"
+
+#include <algorithm>
+
+#include "base/logging.h"
+#include "transport/dpdk/dpdk_wire.h"
+
+namespace canopy::transport::dpdk {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kInitialRtoNs = 100 * kMs;
+constexpr uint64_t kMinRtoNs = 10 * kMs;
+constexpr uint64_t kMaxRtoNs = 1000 * kMs;
+constexpr uint64_t kMinReorderWindowNs = 1 * kMs;
+constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
+constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
+
+// now - then, 0 when `then` was stamped after `now` was read (by another thread).
+uint64_t Since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
+
+uint64_t Ns(std::chrono::nanoseconds d) { return static_cast<uint64_t>(d.count()); }
+
+std::string Ms(uint64_t ns) { return std::to_string(ns / kMs) + " ms"; }
+
+}  // namespace
+
+ConnState::ConnState(const ConnParams& params, uint64_t now_ns)
+    : params_(params),
+      fault_rng_((params.faults.seed * 0x9E3779B97F4A7C15ull) ^ (uint64_t{params.local_id} << 1) ^ 1),
+      snd_(std::max<size_t>(params.send_capacity, 64 << 10)),
+      rcv_(std::max<size_t>(params.recv_capacity, 64 << 10)) {
+  created_ns_ = now_ns;
+  last_heard_ns_ = now_ns;
+  last_sent_ns_ = now_ns;
+  last_space_ns_ = now_ns;
+  handshake_interval_ns_ = kHandshakeFirstNs;
+  if (params.static_mac) {
+    remote_mac_ = *params.static_mac;
+    remote_mac_known_ = true;
+  }
+}
+
+std::shared_ptr<ConnState> ConnState::NewClient(const ConnParams& params, uint64_t now_ns) {
+  std::shared_ptr<ConnState> c(new ConnState(params, now_ns));
+  c->phase_ = Phase::kSynSent;
+  return c;
+}
+
+std::shared_ptr<ConnState> ConnState::NewServer(const ConnParams& params, const SegmentHeader& syn,
+                                                const MacAddress& peer_mac, uint64_t now_ns) {
+  std::shared_ptr<ConnState> c(new ConnState(params, now_ns));
+  c->phase_ = Phase::kSynReceived;
+  c->remote_id_ = syn.src_conn;
+  if (!c->remote_mac_known_) {
+    c->remote_mac_ = peer_mac;
+    c->remote_mac_known_ = true;
+  }
+  c->peer_mss_ = syn.seq > 0 ? static_cast<uint32_t>(std::min<uint64_t>(syn.seq, params.mss)) : params.mss;
+  c->peer_edge_ = syn.window;
+  c->ts_recent_ = syn.tsval;
+  return c;
+}
+
+uint32_t ConnState::remote_id() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remote_id_;
+}
+
+MacAddress ConnState::remote_mac() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return remote_mac_;
+}
+
+uint64_t ConnState::retransmits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return retransmits_;
+}
+
+void ConnState::FailLocked(const Status& status) {
+  if (phase_ == Phase::kDead) return;
+  CANOPY_LOG(kDebug, "dpdk: connection {:08x} to {}:{} failed: {}", params_.local_id,
+             FormatIpv4(params_.remote_ip), params_.remote_port, status.ToString());
+  phase_ = Phase::kDead;
+  if (error_.ok()) error_ = status;
+  cv_.notify_all();
+}
+
+void ConnState::Fail(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(status);
+}
+
+uint64_t ConnState::RtoNs() const {
+  uint64_t rto = srtt_ns_ == 0 ? kInitialRtoNs : srtt_ns_ + std::max<uint64_t>(4 * rttvar_ns_, kMs);
+  rto = std::clamp(rto, kMinRtoNs, kMaxRtoNs);
+  for (int i = 0; i < backoff_ && rto < kMaxRtoNs; ++i) rto *= 2;
+  return std::min(rto, 2 * kMaxRtoNs);
+}
+
+uint32_t ConnState::AdvertisedWindowLocked() const {
+  return static_cast<uint32_t>(std::min<size_t>(rcv_.space(), UINT32_MAX));
+}
+
+SegmentHeader ConnState::BaseHeaderLocked(uint64_t now_ns) const {
+  SegmentHeader h;
+  h.kind = SegmentKind::kData;
+  h.src_conn = params_.local_id;
+  h.dst_conn = remote_id_;
+  h.seq = snd_nxt_;
+  h.ack = rcv_nxt_ + (eof_ ? 1 : 0);
+  h.window = AdvertisedWindowLocked();
+  h.tsval = now_ns;
+  h.tsecr = ts_recent_;
+  return h;
+}
+
+void ConnState::FillSacksLocked(SegmentHeader* h, size_t max_blocks) const {
+  if (ooo_.empty() || max_blocks == 0) return;
+  std::vector<SackBlock> blocks;
+  for (const auto& [seq, bytes] : ooo_) {
+    uint64_t end = seq + bytes.size();
+    if (end <= rcv_nxt_) continue;
+    uint64_t start = std::max(seq, rcv_nxt_);
+    if (!blocks.empty() && start <= blocks.back().end) {
+      blocks.back().end = std::max(blocks.back().end, end);
+    } else {
+      blocks.push_back({start, end});
+    }
+  }
+  // The block holding the newest out-of-order arrival first (RFC 2018), then the lowest.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (last_ooo_seq_ >= blocks[i].start && last_ooo_seq_ < blocks[i].end) {
+      std::rotate(blocks.begin(), blocks.begin() + static_cast<long>(i),
+                  blocks.begin() + static_cast<long>(i) + 1);
+      break;
+    }
+  }
+  if (blocks.size() > max_blocks) blocks.resize(max_blocks);
+  h->sacks = std::move(blocks);
+}
+
+bool ConnState::EmitLocked(SegmentOutput& out, SegmentHeader& h, const ByteRing* data, uint64_t offset,
+                           uint64_t now_ns) {
+  if (!out.Emit(*this, remote_mac_, h, data, offset)) return false;
+  last_sent_ns_ = now_ns;
+  if (h.kind == SegmentKind::kData || h.kind == SegmentKind::kSynAck) {
+    ack_pending_ = false;
+    ack_now_ = false;
+    advertised_edge_ = h.ack + h.window;
+  }
+  return true;
+}
+
+bool ConnState::PeerAddressLocked(SegmentOutput& out, uint64_t now_ns) {
+  (void)now_ns;
+  if (remote_mac_known_) return true;
+  if (out.Neighbour(params_.remote_ip, &remote_mac_)) {
+    remote_mac_known_ = true;
+    return true;
+  }
+  out.SendArpRequest(params_.local_ip, params_.remote_ip);
+  return false;
+}
+
+bool ConnState::SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns) {
+  SegmentHeader h = BaseHeaderLocked(now_ns);
+  h.seq = seg.seq;
+  h.payload_len = seg.len;
+  if (seg.fin) h.flags |= kSegFlagFin;
+  FillSacksLocked(&h, kDataSackBlocks);
+  if (!EmitLocked(out, h, &snd_, seg.seq, now_ns)) return false;
+  if (seg.sent_ns != 0) {
+    seg.retransmitted = true;
+    ++retransmits_;
+  }
+  seg.sent_ns = now_ns;
+  seg.lost = false;
+  if (rto_deadline_ns_ == 0) rto_deadline_ns_ = now_ns + RtoNs();
+  return true;
+}
+
+void ConnState::OnSegment(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ == Phase::kDead) return;
+  if (h.kind == SegmentKind::kRst) {
+    const std::string peer = FormatIpv4(params_.remote_ip) + ":" + std::to_string(params_.remote_port);
+    FailLocked(Status::Unavailable(phase_ == Phase::kSynSent
+                                       ? "connection refused by " + peer + " (nothing listens there)"
+                                       : "connection reset by peer " + peer));
+    return;
+  }
+  last_heard_ns_ = now_ns;
+  if (h.kind == SegmentKind::kSyn) {
+    // Our SYN-ACK was lost: answer again.
+    if (phase_ == Phase::kSynReceived) handshake_next_ns_ = 0;
+    return;
+  }
+  if (h.kind == SegmentKind::kSynAck) {
+    if (phase_ == Phase::kSynSent) {
+      remote_id_ = h.src_conn;
+      peer_mss_ = h.seq > 0 ? static_cast<uint32_t>(std::min<uint64_t>(h.seq, params_.mss)) : params_.mss;
+      peer_edge_ = h.window;
+      phase_ = Phase::kEstablished;
+      cv_.notify_all();
+    }
+    ts_recent_ = std::max(ts_recent_, h.tsval);
+    ack_now_ = true;  // acknowledge (again) so the listener knows we are there
+    return;
+  }
+  if (h.src_conn != remote_id_) return;  // stale incarnation
+  if (phase_ == Phase::kSynReceived) {
+    phase_ = Phase::kEstablished;
+    cv_.notify_all();
+  }
+  if (phase_ != Phase::kEstablished) return;
+  if (h.tsval > ts_recent_) ts_recent_ = h.tsval;
+  HandleAckLocked(h, now_ns);
+  if (app_closed_ && h.payload_len > 0 && h.seq + h.payload_len > rcv_nxt_) {
+    rst_pending_ = true;  // new data for an application that is gone: reset, like TCP
+    return;
+  }
+  if (h.payload_len > 0 || (h.flags & kSegFlagFin)) HandleDataLocked(h, payload, now_ns);
+  if (h.flags & kSegFlagAckNow) ack_now_ = true;
+}
+
+void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
+  uint64_t una = snd_.begin();
+  uint64_t max_ack = snd_nxt_ + (fin_sent_ ? 1 : 0);
+  if (h.ack > max_ack) return;  // acknowledges bytes never sent: ignore the ack part
+  peer_edge_ = std::max(peer_edge_, h.ack + h.window);
+  if (h.tsecr != 0 && h.tsecr <= now_ns && h.tsecr > rack_ns_) {
+    rack_ns_ = h.tsecr;
+    loss_scan_ = true;
+  }
+  if (h.ack > una || (fin_sent_ && !fin_acked_ && h.ack > fin_seq_)) {
+    snd_.ConsumeTo(std::min(h.ack, snd_.end()));
+    if (fin_sent_ && h.ack > fin_seq_) fin_acked_ = true;
+    while (!inflight_.empty()) {
+      const Segment& s = inflight_.front();
+      uint64_t end = s.seq + s.len + (s.fin ? 1 : 0);
+      if (end > h.ack) break;
+      inflight_.pop_front();
+    }
+    if (h.tsecr != 0 && h.tsecr <= now_ns) {
+      uint64_t rtt = now_ns - h.tsecr;
+      if (srtt_ns_ == 0) {
+        srtt_ns_ = rtt;
+        rttvar_ns_ = rtt / 2;
+      } else {
+        uint64_t diff = srtt_ns_ > rtt ? srtt_ns_ - rtt : rtt - srtt_ns_;
+        rttvar_ns_ = (3 * rttvar_ns_ + diff) / 4;
+        srtt_ns_ = (7 * srtt_ns_ + rtt) / 8;
+      }
+    }
+    backoff_ = 0;
+    rto_deadline_ns_ = inflight_.empty() ? 0 : now_ns + RtoNs();
+    last_space_ns_ = now_ns;
+    cv_.notify_all();
+  }
+  for (const SackBlock& b : h.sacks) {
+    auto it = std::lower_bound(inflight_.begin(), inflight_.end(), b.start,
+                               [](const Segment& s, uint64_t v) { return s.seq < v; });
+    for (; it != inflight_.end() && it->seq + it->len <= b.end; ++it) {
+      if (!it->sacked && it->len > 0) {
+        it->sacked = true;
+        it->lost = false;
+        rack_ns_ = std::max(rack_ns_, it->sent_ns);
+        loss_scan_ = true;
+      }
+    }
+  }
+}
+
+void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns) {
+  (void)now_ns;
+  ack_pending_ = true;
+  uint64_t seq = h.seq;
+  uint64_t end = seq + h.payload_len;
+  uint64_t window_end = rcv_.begin() + rcv_.capacity();
+  bool clipped = false;
+  if (h.payload_len > 0) {
+    if (end <= rcv_nxt_) {
+      ack_now_ = true;  // duplicate
+    } else if (seq >= window_end) {
+      ack_now_ = true;  // beyond the window
+      clipped = true;
+    } else {
+      if (end > window_end) {
+        end = window_end;
+        clipped = true;
+      }
+      if (seq <= rcv_nxt_) {
+        uint64_t skip = rcv_nxt_ - seq;
+        size_t n = static_cast<size_t>(end - rcv_nxt_);
+        rcv_.AppendWith(n, [&](char* dst, size_t len, size_t done) {
+          payload.CopyOut(static_cast<uint32_t>(skip + done), static_cast<uint32_t>(len), dst);
+        });
+        rcv_nxt_ = end;
+        DeliverOutOfOrderLocked();
+        cv_.notify_all();
+      } else {
+        auto it = ooo_.find(seq);
+        if (it == ooo_.end() || it->second.size() < end - seq) {
+          std::string bytes(static_cast<size_t>(end - seq), '\0');
+          payload.CopyOut(0, static_cast<uint32_t>(bytes.size()), bytes.data());
+          ooo_[seq] = std::move(bytes);
+        }
+        last_ooo_seq_ = seq;
+        ack_now_ = true;
+      }
+    }
+  }
+  if ((h.flags & kSegFlagFin) && !clipped) {
+    peer_fin_ = true;
+    peer_fin_seq_ = seq + h.payload_len;
+  }
+  CheckFinLocked();
+}
+
+void ConnState::DeliverOutOfOrderLocked() {
+  while (!ooo_.empty() && ooo_.begin()->first <= rcv_nxt_) {
+    auto node = ooo_.extract(ooo_.begin());
+    uint64_t seq = node.key();
+    const std::string& bytes = node.mapped();
+    uint64_t end = seq + bytes.size();
+    if (end > rcv_nxt_) {
+      size_t skip = static_cast<size_t>(rcv_nxt_ - seq);
+      size_t n = rcv_.Append(bytes.data() + skip, bytes.size() - skip);
+      rcv_nxt_ += n;
+    }
+  }
+}
+
+void ConnState::CheckFinLocked() {
+  if (peer_fin_ && !eof_ && rcv_nxt_ == peer_fin_seq_) {
+    eof_ = true;
+    ack_now_ = true;
+    cv_.notify_all();
+  }
+}
+
+void ConnState::DetectLossLocked() {
+  loss_scan_ = false;
+  uint64_t reo = std::max<uint64_t>(srtt_ns_ / 4, kMinReorderWindowNs);
+  for (Segment& s : inflight_) {
+    if (s.sent_ns + reo >= rack_ns_) {
+      if (!s.retransmitted) break;  // everything after was sent later still
+      continue;
+    }
+    if (!s.sacked && !s.lost && s.sent_ns != 0) s.lost = true;
+  }
+}
+
+void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (phase_ == Phase::kDead) return;
+  const std::string peer = FormatIpv4(params_.remote_ip) + ":" + std::to_string(params_.remote_port);
+
+  if (phase_ == Phase::kSynSent || phase_ == Phase::kSynReceived) {
+    if (Since(now, created_ns_) > Ns(params_.connect_timeout)) {
+      FailLocked(Status::Timeout((phase_ == Phase::kSynSent ? "connect to " : "handshake with ") + peer +
+                                 " timed out after " + Ms(Ns(params_.connect_timeout)) +
+                                 (remote_mac_known_ ? "" : " (no ARP reply)")));
+      return;
+    }
+    if (now < handshake_next_ns_) return;
+    handshake_next_ns_ = now + handshake_interval_ns_;
+    handshake_interval_ns_ = std::min(2 * handshake_interval_ns_, kHandshakeMaxNs);
+    if (!PeerAddressLocked(out, now)) return;
+    SegmentHeader h = BaseHeaderLocked(now);
+    h.kind = phase_ == Phase::kSynSent ? SegmentKind::kSyn : SegmentKind::kSynAck;
+    h.seq = params_.mss;  // SYN / SYN-ACK carry the MSS in seq
+    h.payload_len = 0;
+    h.ack = 0;
+    EmitLocked(out, h, nullptr, 0, now);
+    return;
+  }
+
+  // Established.
+  const uint64_t io_timeout = Ns(params_.io_timeout);
+  if (Since(now, last_heard_ns_) > io_timeout) {
+    FailLocked(Status::Unavailable("peer " + peer + " silent for " + Ms(Since(now, last_heard_ns_)) +
+                                   " (died or unreachable)"));
+    SegmentHeader rst = BaseHeaderLocked(now);
+    rst.kind = SegmentKind::kRst;
+    out.Emit(*this, remote_mac_, rst, nullptr, 0);
+    return;
+  }
+  if (rst_pending_) {
+    SegmentHeader rst = BaseHeaderLocked(now);
+    rst.kind = SegmentKind::kRst;
+    out.Emit(*this, remote_mac_, rst, nullptr, 0);
+    FailLocked(Status::Aborted("connection closed"));
+    return;
+  }
+  if (app_closed_ && fin_acked_) {
+    phase_ = Phase::kDead;  // everything delivered; the port forgets us
+    return;
+  }
+  if (app_closed_ && Since(now, last_space_ns_) > io_timeout) {
+    SegmentHeader rst = BaseHeaderLocked(now);
+    rst.kind = SegmentKind::kRst;
+    out.Emit(*this, remote_mac_, rst, nullptr, 0);
+    FailLocked(Status::Aborted("closed"));
+    return;
+  }
+
+  const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+  if (loss_scan_) DetectLossLocked();
+  if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
+    uint64_t rto = RtoNs();
+    bool marked = false;
+    for (Segment& s : inflight_) {
+      if (s.sacked || s.lost) continue;
+      if (s.sent_ns + rto <= now || !marked) {
+        s.lost = true;
+        marked = true;
+      } else if (!s.retransmitted) {
+        break;
+      }
+    }
+    if (backoff_ < 16) ++backoff_;
+    rto_deadline_ns_ = now + RtoNs();
+  }
+
+  // Retransmissions first.
+  for (Segment& s : inflight_) {
+    if (budget <= 0) break;
+    if (!s.lost) continue;
+    if (!SendSegmentLocked(out, s, now)) return;
+    --budget;
+  }
+  // New data within the peer's window and our in-flight bound (the send buffer).
+  while (budget > 0 && snd_nxt_ < snd_.end()) {
+    uint64_t allowed = peer_edge_ > snd_nxt_ ? peer_edge_ - snd_nxt_ : 0;
+    uint64_t len = std::min<uint64_t>({mss, snd_.end() - snd_nxt_, allowed});
+    if (len == 0) break;
+    if (len < mss && len < snd_.end() - snd_nxt_ && allowed < mss && !inflight_.empty())
+      break;  // wait for a full window
+    Segment seg;
+    seg.seq = snd_nxt_;
+    seg.len = static_cast<uint32_t>(len);
+    if (!SendSegmentLocked(out, seg, now)) return;
+    inflight_.push_back(seg);
+    snd_nxt_ += len;
+    --budget;
+  }
+  if (budget > 0 && fin_queued_ && !fin_sent_ && snd_nxt_ == fin_seq_) {
+    Segment seg;
+    seg.seq = fin_seq_;
+    seg.fin = true;
+    if (SendSegmentLocked(out, seg, now)) {
+      inflight_.push_back(seg);
+      snd_nxt_ = fin_seq_;  // the FIN's offset is accounted for by fin_sent_
+      fin_sent_ = true;
+      --budget;
+    }
+  }
+
+  // Zero-window probe and keepalive: an ACK that asks for an immediate answer.
+  const uint64_t keepalive = std::clamp<uint64_t>(io_timeout / 4, 20 * kMs, 1000 * kMs);
+  bool window_blocked = snd_nxt_ < snd_.end() && peer_edge_ <= snd_nxt_ && inflight_.empty();
+  bool want_probe = (window_blocked && now >= probe_next_ns_) || Since(now, last_sent_ns_) >= keepalive ||
+                    (Since(now, last_heard_ns_) >= keepalive && now >= probe_next_ns_);
+  uint64_t edge_now = rcv_nxt_ + AdvertisedWindowLocked();
+  bool window_update = edge_now >= advertised_edge_ + std::max<uint64_t>(rcv_.capacity() / 4, 2 * mss);
+  if (ack_now_ || ack_pending_ || window_update || want_probe) {
+    SegmentHeader h = BaseHeaderLocked(now);
+    h.seq = snd_nxt_;
+    if (want_probe) {
+      h.flags |= kSegFlagAckNow;
+      probe_next_ns_ = now + std::min<uint64_t>(RtoNs(), keepalive);
+    }
+    FillSacksLocked(&h, kMaxSackBlocks);
+    // Keep pure ACKs within the port's frame size.
+    size_t max_blocks = mss > kSegmentHeaderSize ? (mss - kSegmentHeaderSize) / kSackBlockSize : 0;
+    if (h.sacks.size() > max_blocks) h.sacks.resize(max_blocks);
+    EmitLocked(out, h, nullptr, 0, now);
+  }
+}
+
+bool ConnState::Finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return app_closed_ && phase_ == Phase::kDead;
+}
+
+Status ConnState::WaitEstablished(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (phase_ == Phase::kEstablished) return Status::Ok();
+    if (!error_.ok()) return error_;
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (deadline.expired()) return Status::Timeout("connect timed out");
+    cv_.wait_for(lock,
+                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(50)));
+  }
+}
+
+Status ConnState::Write(const char* data, size_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t progress_ns = NowNanos();
+  uint64_t seen_begin = snd_.begin();
+  while (n > 0) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (!error_.ok()) return error_;
+    if (fin_queued_) return Status::Aborted("send after Shutdown");
+    if (snd_.space() > 0) {
+      size_t chunk = snd_.Append(data, std::min<size_t>(n, 1 << 20));
+      data += chunk;
+      n -= chunk;
+      progress_ns = NowNanos();
+      lock.unlock();
+      Wake();
+      lock.lock();
+      continue;
+    }
+    uint64_t now = NowNanos();
+    if (snd_.begin() != seen_begin) {
+      seen_begin = snd_.begin();
+      progress_ns = now;
+    }
+    if (Since(now, progress_ns) >= Ns(params_.io_timeout)) {
+      return Status::Timeout("send made no progress for " + Ms(Since(now, progress_ns)) +
+                             " (peer not reading)");
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  return Status::Ok();
+}
+
+Result<size_t> ConnState::Read(char* dst, size_t max, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (rcv_.size() > 0) {
+      size_t n = rcv_.Read(dst, max);
+      bool wake = rcv_.begin() + rcv_.capacity() >= advertised_edge_ + rcv_.capacity() / 4;
+      lock.unlock();
+      if (wake) Wake();
+      return n;
+    }
+    if (eof_) return Status::Closed("peer closed the connection");
+    if (!error_.ok()) return error_;
+    if (deadline.expired()) return Status::Timeout("receive deadline passed");
+    cv_.wait_for(lock,
+                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
+  }
+}
+
+Status ConnState::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (!error_.ok()) return error_;
+    if (!fin_queued_) {
+      fin_queued_ = true;
+      fin_seq_ = snd_.end();
+    }
+  }
+  Wake();
+  return Status::Ok();
+}
+
+bool ConnState::WaitFinAcked(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (fin_queued_ && !fin_acked_ && error_.ok() && phase_ != Phase::kDead && !deadline.expired()) {
+    cv_.wait_for(lock,
+                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(10)));
+  }
+  return fin_queued_ && fin_acked_;
+}
+
+void ConnState::Abort() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (app_closed_) return;
+    app_closed_ = true;
+    last_space_ns_ = NowNanos();
+    if (phase_ == Phase::kSynSent) {
+      phase_ = Phase::kDead;
+    } else if (phase_ == Phase::kEstablished && (rcv_.size() > 0 || !ooo_.empty())) {
+      rst_pending_ = true;  // unread data: reset rather than pretend an orderly close
+    } else if (phase_ != Phase::kDead && !fin_queued_) {
+      fin_queued_ = true;
+      fin_seq_ = snd_.end();
+    }
+    cv_.notify_all();
+  }
+  Wake();
+}
+
+}  // namespace canopy::transport::dpdk

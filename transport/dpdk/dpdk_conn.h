@@ -1,0 +1,223 @@
+// ConnState: one end of a canopy reliable stream over UDP segments — the
+// protocol engine of the DPDK backend, free of DPDK types so that the port
+// (dpdk_port.h) feeds it received segments and lets it emit new ones.
+//
+// Protocol (see dpdk_wire.h for the header):
+//   - Handshake: the dialler sends SYN {src_conn, window, MSS}; the listener
+//     answers SYN-ACK {its id, window, MSS}; the dialler is established on the
+//     SYN-ACK and acks it, the listener on the first segment that names its id.
+//     SYN / SYN-ACK are retransmitted with backoff until connect_timeout.
+//   - Data: byte sequence numbers (64-bit, never wrap), cumulative ack plus up
+//     to kMaxSackBlocks SACK blocks, receive window in bytes. The sender keeps
+//     at most min(peer window, send buffer = max_inflight_bytes) unacked.
+//   - Loss recovery: RACK-style (a segment sent well before the newest one the
+//     peer has seen, per the echoed timestamp, and not SACKed is resent) and a
+//     retransmission timer (RFC 6298 estimator, exponential backoff).
+//   - Liveness: idle ends send keepalive probes; nothing heard from the peer
+//     for io_timeout fails the connection with Unavailable.
+//   - Tear-down: FIN after the last byte (Shutdown), RST on abort / unknown id.
+//   Out-of-order segments are buffered within the window; duplicates are
+//   dropped; delivery is always in order and byte-exact.
+//
+// Thread safety: every method takes the internal mutex. On* / Poll / Finished
+// are called by the port's I/O thread only; Write / Read / Shutdown / Abort
+// by application threads (blocking ones wait on a condition variable).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "transport/dpdk/byte_ring.h"
+#include "transport/dpdk/dpdk_wire.h"
+
+namespace canopy::transport::dpdk {
+
+class ConnState;
+
+// Copies received payload bytes out of wherever the frame lives (an mbuf chain).
+class PayloadSource {
+ public:
+  virtual ~PayloadSource() = default;
+  virtual void CopyOut(uint32_t offset, uint32_t len, char* dst) const = 0;
+};
+
+// What a connection needs from its port to put segments on the wire.
+class SegmentOutput {
+ public:
+  virtual ~SegmentOutput() = default;
+  // Builds one frame for `conn` (IP/UDP addresses from its params) to dst_mac
+  // with header h and h.payload_len bytes of `data` from stream offset
+  // `offset` (data is null when payload_len is 0). SYN / SYN-ACK carry the
+  // sender's MSS in h.seq. False when no buffer is free (try again later).
+  // Called with the connection's mutex held: must not call back into it.
+  virtual bool Emit(const ConnState& conn, const MacAddress& dst_mac, const SegmentHeader& h,
+                    const ByteRing* data, uint64_t offset) = 0;
+  // Neighbour table lookup; false when the MAC of `ip` is not known yet.
+  virtual bool Neighbour(uint32_t ip, MacAddress* mac) = 0;
+  virtual void SendArpRequest(uint32_t local_ip, uint32_t target_ip) = 0;
+};
+
+struct ConnParams {
+  uint32_t local_id = 0;
+  uint32_t local_ip = 0;
+  uint32_t remote_ip = 0;
+  uint16_t local_port = 0;
+  uint16_t remote_port = 0;
+  uint32_t mss = 1400;             // largest payload per segment on this port
+  size_t send_capacity = 1 << 20;  // send buffer = in-flight bound
+  size_t recv_capacity = 4 << 20;  // receive buffer = advertised window
+  std::chrono::nanoseconds connect_timeout{std::chrono::seconds(5)};
+  std::chrono::nanoseconds io_timeout{std::chrono::seconds(30)};
+  FaultConfig faults;
+  std::optional<MacAddress> static_mac;  // else ARP (dialler) / learned from the SYN (listener)
+};
+
+class ConnState {
+ public:
+  // A dialling end; Poll starts ARP / SYN.
+  static std::shared_ptr<ConnState> NewClient(const ConnParams& params, uint64_t now_ns);
+  // A listening end created from a received SYN (its MSS and window applied).
+  static std::shared_ptr<ConnState> NewServer(const ConnParams& params, const SegmentHeader& syn,
+                                              const MacAddress& peer_mac, uint64_t now_ns);
+
+  const ConnParams& params() const { return params_; }
+  uint32_t remote_id() const;
+  MacAddress remote_mac() const;
+
+  // ---- I/O thread ----
+  void OnSegment(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns);
+  // Timers, acks, (re)transmission; emits at most `budget` segments.
+  void Poll(SegmentOutput& out, uint64_t now_ns, int budget);
+  // True once nothing is left to do and the application has let go
+  // (after Abort), so the port may forget the connection.
+  bool Finished() const;
+  // Fails the connection (e.g. its listener closed before Accept).
+  void Fail(const Status& status);
+
+  // ---- application threads ----
+  // Blocks until established (or failed / deadline). Dialler only.
+  Status WaitEstablished(Deadline deadline);
+  // Appends all of data to the send stream; blocks while the send buffer is
+  // full; Timeout when no space frees up for io_timeout.
+  Status Write(const char* data, size_t n);
+  // Reads 1..max bytes. Closed at the orderly end of stream; the connection's
+  // error, Aborted after Abort, Timeout at the deadline.
+  Result<size_t> Read(char* dst, size_t max, Deadline deadline);
+  // Orderly end of the send stream (FIN after the buffered data). Idempotent.
+  Status Shutdown();
+  // After Shutdown: waits until the peer acknowledged everything and the FIN
+  // (true), or the connection failed / the deadline passed (false).
+  bool WaitFinAcked(Deadline deadline);
+  // The application lets go: blocked calls return Aborted; buffered data and
+  // a FIN still go out (bounded by io_timeout), then the port forgets it.
+  void Abort();
+  uint64_t retransmits() const;
+
+  // Uniform in [0, 1) from this connection's fault-injection generator
+  // (seeded from FaultConfig::seed). Only for the port, inside Emit.
+  double NextFaultRandom() const {
+    fault_rng_ ^= fault_rng_ << 13;
+    fault_rng_ ^= fault_rng_ >> 7;
+    fault_rng_ ^= fault_rng_ << 17;
+    return static_cast<double>(fault_rng_ >> 11) * (1.0 / 9007199254740992.0);
+  }
+
+  // Set by the port: called after Write/Shutdown/Read so a sleeping I/O
+  // thread wakes up.
+  void set_wakeup(std::function<void()> wakeup) { wakeup_ = std::move(wakeup); }
+
+ private:
+  enum class Phase { kSynSent, kSynReceived, kEstablished, kDead };
+  struct Segment {
+    uint64_t seq = 0;
+    uint32_t len = 0;
+    bool fin = false;
+    bool sacked = false;
+    bool lost = false;  // queued for retransmission
+    bool retransmitted = false;
+    uint64_t sent_ns = 0;
+  };
+
+  ConnState(const ConnParams& params, uint64_t now_ns);
+  void FailLocked(const Status& status);
+  void HandleAckLocked(const SegmentHeader& h, uint64_t now_ns);
+  void HandleDataLocked(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns);
+  void DeliverOutOfOrderLocked();
+  void CheckFinLocked();
+  uint32_t AdvertisedWindowLocked() const;
+  SegmentHeader BaseHeaderLocked(uint64_t now_ns) const;
+  void FillSacksLocked(SegmentHeader* h, size_t max_blocks) const;
+  bool EmitLocked(SegmentOutput& out, SegmentHeader& h, const ByteRing* data, uint64_t offset,
+                  uint64_t now_ns);
+  bool SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns);
+  void DetectLossLocked();
+  bool PeerAddressLocked(SegmentOutput& out, uint64_t now_ns);
+  uint64_t RtoNs() const;
+  void Wake() const {
+    if (wakeup_) wakeup_();
+  }
+
+  const ConnParams params_;
+  mutable uint64_t fault_rng_;
+  std::function<void()> wakeup_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Phase phase_ = Phase::kSynSent;
+  Status error_;  // set once the connection failed
+  bool app_closed_ = false;
+  bool rst_pending_ = false;
+  uint32_t remote_id_ = 0;
+  MacAddress remote_mac_;
+  bool remote_mac_known_ = false;
+  uint32_t peer_mss_ = 0;
+  uint64_t created_ns_ = 0;
+  uint64_t handshake_next_ns_ = 0;
+  uint64_t handshake_interval_ns_ = 0;
+  uint64_t last_heard_ns_ = 0;
+  uint64_t last_sent_ns_ = 0;
+
+  // Send side.
+  ByteRing snd_;            // [snd_una, write end)
+  uint64_t snd_nxt_ = 0;    // next new offset to send
+  uint64_t peer_edge_ = 0;  // peer's ack + window
+  std::deque<Segment> inflight_;
+  bool fin_queued_ = false;
+  bool fin_sent_ = false;
+  bool fin_acked_ = false;
+  uint64_t fin_seq_ = 0;
+  uint64_t rack_ns_ = 0;  // send time of the newest segment the peer is known to have
+  bool loss_scan_ = false;
+  uint64_t srtt_ns_ = 0;
+  uint64_t rttvar_ns_ = 0;
+  int backoff_ = 0;
+  uint64_t rto_deadline_ns_ = 0;
+  uint64_t probe_next_ns_ = 0;
+  uint64_t last_space_ns_ = 0;  // when the send buffer last had room (for the Write timeout)
+  uint64_t retransmits_ = 0;
+
+  // Receive side.
+  ByteRing rcv_;  // in-order bytes not yet read by the application
+  uint64_t rcv_nxt_ = 0;
+  std::map<uint64_t, std::string> ooo_;  // out-of-order segments by seq
+  uint64_t last_ooo_seq_ = 0;
+  bool peer_fin_ = false;
+  uint64_t peer_fin_seq_ = 0;
+  bool eof_ = false;
+  bool ack_pending_ = false;
+  bool ack_now_ = false;
+  uint64_t advertised_edge_ = 0;
+  uint64_t ts_recent_ = 0;
+};
+
+}  // namespace canopy::transport::dpdk

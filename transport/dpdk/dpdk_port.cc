@@ -1,0 +1,646 @@
+// DpdkPort set-up (port configuration, tables) and datapath (the I/O loop).
+#include "transport/dpdk/dpdk_port.h"
+
+#include <rte_arp.h>
+#include <rte_byteorder.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_udp.h>
+#include <sys/prctl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "base/logging.h"
+
+namespace canopy::transport::dpdk {
+namespace {
+
+constexpr uint16_t kBurst = 32;
+constexpr uint16_t kRxDesc = 512;
+constexpr uint16_t kTxDesc = 512;
+constexpr size_t kMaxPendingTx = 512;
+constexpr int kPollBudget = 32;
+constexpr uint64_t kReorderHoldNs = 1'000'000;
+constexpr uint64_t kStuckTxNs = 200'000'000;
+constexpr uint64_t kSpinAfterTrafficNs = 200'000;
+
+std::string DpdkError(int err) { return rte_strerror(err < 0 ? -err : err); }
+
+// Reads bytes of a received frame's (possibly multi-segment) mbuf chain.
+class MbufPayload final : public PayloadSource {
+ public:
+  MbufPayload(const rte_mbuf* m, uint32_t base) : m_(m), base_(base) {}
+  void CopyOut(uint32_t offset, uint32_t len, char* dst) const override {
+    const void* p = rte_pktmbuf_read(m_, base_ + offset, len, dst);
+    if (p != dst && p != nullptr) std::memcpy(dst, p, len);
+  }
+
+ private:
+  const rte_mbuf* m_;
+  uint32_t base_;
+};
+
+}  // namespace
+
+bool ListenerState::Push(std::shared_ptr<ConnState> conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_ || queue_.size() >= backlog_) return false;
+  queue_.push_back(std::move(conn));
+  cv_.notify_one();
+  return true;
+}
+
+Result<std::shared_ptr<ConnState>> ListenerState::Pop(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (closed_) return Status::Aborted("listener closed");
+    if (!queue_.empty()) {
+      auto c = std::move(queue_.front());
+      queue_.pop_front();
+      return c;
+    }
+    if (deadline.expired()) return Status::Timeout("no incoming connection before the deadline");
+    cv_.wait_for(lock,
+                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(50)));
+  }
+}
+
+std::deque<std::shared_ptr<ConnState>> ListenerState::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
+  return std::exchange(queue_, {});
+}
+
+Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSettings& settings) {
+  if (!rte_eth_dev_is_valid_port(port_id)) {
+    return Status::NotFound("no DPDK port " + std::to_string(port_id) + " (" +
+                            std::to_string(rte_eth_dev_count_avail()) + " available)");
+  }
+  std::shared_ptr<DpdkPort> port(new DpdkPort());
+  port->port_id_ = port_id;
+  char name[RTE_ETH_NAME_MAX_LEN] = {0};
+  rte_eth_dev_get_name_by_port(port_id, name);
+  port->name_ = name;
+  const std::string what = "DPDK port " + std::to_string(port_id) + " (" + port->name_ + ")";
+
+  rte_eth_dev_info info;
+  int rc = rte_eth_dev_info_get(port_id, &info);
+  if (rc != 0) return Status::IOError(what + ": rte_eth_dev_info_get: " + DpdkError(rc));
+
+  const uint32_t mbuf_room = settings.mbuf_bytes;
+  port->multi_seg_ = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
+  uint32_t mtu = settings.mtu;
+  if (info.max_mtu > 0) mtu = std::min<uint32_t>(mtu, info.max_mtu);
+  if (info.max_rx_pktlen > RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN) {
+    mtu = std::min<uint32_t>(mtu, info.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN);
+  }
+  if (!port->multi_seg_) mtu = std::min<uint32_t>(mtu, mbuf_room - RTE_ETHER_HDR_LEN);
+  bool scatter = mtu + RTE_ETHER_HDR_LEN > mbuf_room;
+  if (scatter && !(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER) &&
+      port->name_.rfind("net_memif", 0) != 0) {
+    // Receiving frames larger than one mbuf needs scatter (memif chains on its own).
+    mtu = mbuf_room - RTE_ETHER_HDR_LEN;
+    scatter = false;
+  }
+
+  rte_eth_conf conf;
+  std::memset(&conf, 0, sizeof(conf));
+  if (port->multi_seg_) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
+  if (scatter && (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER))
+    conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
+  conf.rxmode.mtu = mtu;  // PMDs without an mtu_set op (memif) take it from here
+  rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
+  if (rc != 0 && mtu != RTE_ETHER_MTU) {
+    mtu = RTE_ETHER_MTU;
+    conf.rxmode.mtu = mtu;
+    rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
+  }
+  if (rc != 0) return Status::IOError(what + ": rte_eth_dev_configure: " + DpdkError(rc));
+  uint16_t nb_rxd = kRxDesc, nb_txd = kTxDesc;
+  rc = rte_eth_dev_adjust_nb_rx_tx_desc(port_id, &nb_rxd, &nb_txd);
+  if (rc != 0) return Status::IOError(what + ": adjusting descriptor counts: " + DpdkError(rc));
+
+  uint32_t mbufs = settings.mbufs;
+  if (mbufs == 0) mbufs = std::max<uint32_t>(4095, 2u * (nb_rxd + nb_txd) + kMaxPendingTx + 1024);
+  int socket = rte_eth_dev_socket_id(port_id);
+  if (socket < 0) socket = static_cast<int>(rte_socket_id());
+  std::string pool_name = "canopy_p" + std::to_string(port_id);
+  port->pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), mbufs, 256, 0,
+                                        static_cast<uint16_t>(mbuf_room + RTE_PKTMBUF_HEADROOM), socket);
+  if (port->pool_ == nullptr) {
+    return Status::ResourceExhausted(what + ": cannot create a pool of " + std::to_string(mbufs) +
+                                     " mbufs: " + DpdkError(rte_errno) + " (raise -m or lower mbufs=)");
+  }
+  rc = rte_eth_rx_queue_setup(port_id, 0, nb_rxd, static_cast<unsigned>(socket), nullptr, port->pool_);
+  if (rc != 0) return Status::IOError(what + ": rx queue setup: " + DpdkError(rc));
+  rte_eth_txconf txconf = info.default_txconf;
+  txconf.offloads = conf.txmode.offloads;
+  rc = rte_eth_tx_queue_setup(port_id, 0, nb_txd, static_cast<unsigned>(socket), &txconf);
+  if (rc != 0) return Status::IOError(what + ": tx queue setup: " + DpdkError(rc));
+  uint16_t current_mtu = 1500;
+  if (rte_eth_dev_set_mtu(port_id, static_cast<uint16_t>(mtu)) != 0 ||
+      rte_eth_dev_get_mtu(port_id, &current_mtu) != 0) {
+    if (rte_eth_dev_get_mtu(port_id, &current_mtu) != 0) current_mtu = 1500;
+  }
+  mtu = std::min<uint32_t>(mtu, current_mtu);
+  rc = rte_eth_dev_start(port_id);
+  if (rc != 0) return Status::IOError(what + ": rte_eth_dev_start: " + DpdkError(rc));
+  (void)rte_eth_promiscuous_enable(port_id);
+  std::random_device rd;
+  rte_ether_addr addr;
+  if (port->name_.rfind("net_memif", 0) == 0) {
+    // memif gives every instance the same default MAC; two processes on one
+    // socket would then look like one host. Pick a random local address.
+    for (auto& b : addr.addr_bytes) b = static_cast<uint8_t>(rd());
+    addr.addr_bytes[0] = static_cast<uint8_t>((addr.addr_bytes[0] & 0xfe) | 0x02);  // unicast, local
+    (void)rte_eth_dev_default_mac_addr_set(port_id, &addr);
+  }
+  if (rte_eth_macaddr_get(port_id, &addr) == 0) std::memcpy(port->mac_.bytes, addr.addr_bytes, 6);
+
+  port->mtu_ = mtu;
+  port->mss_ = mtu - 20 - 8 - static_cast<uint32_t>(kSegmentHeaderSize + kDataSackBlocks * kSackBlockSize);
+  port->id_state_ = (uint64_t{rd()} << 32) | rd();
+  port->next_ephemeral_ = static_cast<uint16_t>(49152 + rd() % 16000);
+  CANOPY_LOG(kInfo, "dpdk: {} up: mac {} mtu {} (mss {}), {} mbufs of {} bytes, {} rx / {} tx descriptors{}",
+             what, FormatMac(port->mac_), port->mtu_, port->mss_, mbufs, mbuf_room, nb_rxd, nb_txd,
+             port->multi_seg_ ? ", multi-segment tx" : "");
+  DpdkPort* raw = port.get();
+  port->thread_ = std::thread([raw] { raw->Run(); });
+  return port;
+}
+
+DpdkPort::~DpdkPort() {
+  running_ = false;
+  Wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint32_t DpdkPort::DefaultIp() {
+  std::lock_guard<std::mutex> lock(table_mu_);
+  if (!addresses_.empty()) return addresses_.front();
+  return (10u << 24) | (100u + port_id_);
+}
+
+void DpdkPort::AddAddress(uint32_t ip) {
+  std::lock_guard<std::mutex> lock(table_mu_);
+  if (std::find(addresses_.begin(), addresses_.end(), ip) == addresses_.end()) {
+    addresses_.push_back(ip);
+    ++table_gen_;
+  }
+}
+
+Result<uint16_t> DpdkPort::FreeUdpPortLocked() {
+  for (int tries = 0; tries < 16384; ++tries) {
+    uint16_t p = next_ephemeral_;
+    next_ephemeral_ = next_ephemeral_ >= 65535 ? 49152 : static_cast<uint16_t>(next_ephemeral_ + 1);
+    if (listeners_.count(p) != 0) continue;
+    bool used = false;
+    for (const auto& [id, c] : conns_) {
+      if (c->params().local_port == p) {
+        used = true;
+        break;
+      }
+    }
+    if (!used) return p;
+  }
+  return Status::ResourceExhausted("no free UDP port on " + name_);
+}
+
+Result<uint16_t> DpdkPort::AddListener(uint16_t udp_port, std::shared_ptr<ListenerState> listener) {
+  std::lock_guard<std::mutex> lock(table_mu_);
+  if (udp_port == 0) {
+    CANOPY_ASSIGN_OR_RETURN(udp_port, FreeUdpPortLocked());
+  } else if (listeners_.count(udp_port) != 0) {
+    return Status::AlreadyExists("UDP port " + std::to_string(udp_port) + " on " + name_ +
+                                 " is already listening");
+  }
+  listeners_[udp_port] = std::move(listener);
+  ++table_gen_;
+  return udp_port;
+}
+
+void DpdkPort::RemoveListener(uint16_t udp_port) {
+  std::shared_ptr<ListenerState> l;
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    auto it = listeners_.find(udp_port);
+    if (it == listeners_.end()) return;
+    l = it->second;
+    listeners_.erase(it);
+    ++table_gen_;
+  }
+  for (auto& c : l->Close()) {
+    c->Fail(Status::Aborted("listener closed before Accept"));
+    c->Abort();
+  }
+  Wake();
+}
+
+uint32_t DpdkPort::NewConnIdLocked() {
+  for (;;) {
+    id_state_ += 0x9E3779B97F4A7C15ull;
+    uint64_t z = id_state_;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    auto id = static_cast<uint32_t>(z ^ (z >> 31));
+    if (id != 0 && conns_.count(id) == 0) return id;
+  }
+}
+
+Result<std::shared_ptr<ConnState>> DpdkPort::AddClient(ConnParams params) {
+  std::shared_ptr<ConnState> conn;
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    params.local_id = NewConnIdLocked();
+    CANOPY_ASSIGN_OR_RETURN(params.local_port, FreeUdpPortLocked());
+    params.mss = mss_;
+    conn = ConnState::NewClient(params, NowNanos());
+    conn->set_wakeup([this] { Wake(); });
+    conns_[params.local_id] = conn;
+    ++table_gen_;
+  }
+  Wake();
+  return conn;
+}
+
+void DpdkPort::Wake() {
+  if (!sleeping_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(sleep_mu_);
+  wake_pending_ = true;
+  sleep_cv_.notify_one();
+}
+
+// ---------------------------------------------------------------- datapath
+
+void DpdkPort::RefreshSnapshot() {
+  uint64_t gen = table_gen_.load(std::memory_order_acquire);
+  if (gen == seen_gen_) return;
+  std::lock_guard<std::mutex> lock(table_mu_);
+  seen_gen_ = table_gen_.load();
+  io_conns_ = conns_;
+  io_list_.clear();
+  for (const auto& [id, c] : conns_) io_list_.push_back(c);
+  io_addresses_ = std::set<uint32_t>(addresses_.begin(), addresses_.end());
+}
+
+void DpdkPort::Run() {
+  (void)rte_thread_register();
+  prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+  rte_mbuf* rx[kBurst];
+  int idle = 0;
+  uint64_t last_busy_ns = 0;
+  while (running_.load(std::memory_order_relaxed)) {
+    RefreshSnapshot();
+    uint64_t now = NowNanos();
+    uint16_t n = rte_eth_rx_burst(port_id_, 0, rx, kBurst);
+    for (uint16_t i = 0; i < n; ++i) {
+      HandleFrame(rx[i], now);
+      rte_pktmbuf_free(rx[i]);
+    }
+    RefreshSnapshot();
+    bool finished_any = false;
+    uint64_t before = frames_enqueued_;
+    for (const auto& c : io_list_) {
+      c->Poll(*this, now, kPollBudget);
+      if (c->Finished()) finished_any = true;
+    }
+    if (finished_any) {
+      std::lock_guard<std::mutex> lock(table_mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        if (it->second->Finished()) {
+          const ConnParams& p = it->second->params();
+          syn_index_.erase(SynKey{p.remote_ip, p.remote_port, it->second->remote_id()});
+          it = conns_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      ++table_gen_;
+    }
+    FlushTx(now);
+    bool busy = n > 0 || frames_enqueued_ != before || !tx_pending_.empty();
+    if (busy) {
+      idle = 0;
+      last_busy_ns = now;
+      continue;
+    }
+    // Keep polling for a while after traffic (a reply usually follows soon).
+    if (++idle < 200 || now - last_busy_ns < kSpinAfterTrafficNs) continue;
+    // Idle: sleep briefly (timers run at least every 200 us); Wake() cuts it short.
+    std::unique_lock<std::mutex> lock(sleep_mu_);
+    sleeping_.store(true, std::memory_order_release);
+    if (!wake_pending_) sleep_cv_.wait_for(lock, std::chrono::microseconds(idle < 2000 ? 20 : 200));
+    wake_pending_ = false;
+    sleeping_.store(false, std::memory_order_release);
+  }
+}
+
+void DpdkPort::HandleFrame(rte_mbuf* m, uint64_t now) {
+  const uint32_t len = rte_pktmbuf_pkt_len(m);
+  char buf[kOuterHeaderSize + kSegmentHeaderSize + kMaxSackBlocks * kSackBlockSize + 64];
+  if (len < RTE_ETHER_HDR_LEN) return;
+  const auto* eth = static_cast<const rte_ether_hdr*>(rte_pktmbuf_read(m, 0, sizeof(rte_ether_hdr), buf));
+  uint16_t ether_type = rte_be_to_cpu_16(eth->ether_type);
+  if (ether_type == RTE_ETHER_TYPE_ARP) {
+    HandleArp(m);
+    return;
+  }
+  if (ether_type != RTE_ETHER_TYPE_IPV4) return;
+  MacAddress src_mac;
+  std::memcpy(src_mac.bytes, eth->src_addr.addr_bytes, 6);
+  if (len < RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr) + sizeof(rte_udp_hdr)) return;
+  rte_ipv4_hdr ip_copy;
+  const auto* ip = static_cast<const rte_ipv4_hdr*>(
+      rte_pktmbuf_read(m, RTE_ETHER_HDR_LEN, sizeof(rte_ipv4_hdr), &ip_copy));
+  if ((ip->version_ihl >> 4) != 4 || (ip->version_ihl & 0xf) != 5) return;  // no IP options
+  if (ip->next_proto_id != IPPROTO_UDP) return;
+  if ((rte_be_to_cpu_16(ip->fragment_offset) & (RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK)) != 0)
+    return;
+  uint16_t ip_total = rte_be_to_cpu_16(ip->total_length);
+  if (ip_total < 28 || ip_total > len - RTE_ETHER_HDR_LEN) return;
+  if (ip != &ip_copy) std::memcpy(&ip_copy, ip, sizeof(ip_copy));
+  if (rte_ipv4_cksum(&ip_copy) != 0) return;
+  uint32_t dst_ip = rte_be_to_cpu_32(ip_copy.dst_addr);
+  uint32_t src_ip = rte_be_to_cpu_32(ip_copy.src_addr);
+  if (io_addresses_.count(dst_ip) == 0) return;
+  if (src_mac == mac_ && io_addresses_.count(src_ip) != 0) return;  // our own frame looped back
+  rte_udp_hdr udp_copy;
+  const auto* udp = static_cast<const rte_udp_hdr*>(
+      rte_pktmbuf_read(m, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr), sizeof(rte_udp_hdr), &udp_copy));
+  uint16_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
+  if (udp_len < sizeof(rte_udp_hdr) + kSegmentHeaderSize || udp_len > ip_total - sizeof(rte_ipv4_hdr)) return;
+  if (udp->dgram_cksum == 0) return;  // canopy always sets it; bulk bytes rely on it
+  uint16_t src_port = rte_be_to_cpu_16(udp->src_port);
+  uint16_t dst_port = rte_be_to_cpu_16(udp->dst_port);
+  if (rte_ipv4_udptcp_cksum_mbuf_verify(m, &ip_copy, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr)) != 0) return;
+  neighbours_[src_ip] = src_mac;
+
+  const uint32_t seg_off = kOuterHeaderSize;
+  const uint32_t seg_len = udp_len - sizeof(rte_udp_hdr);
+  uint32_t head_len = std::min<uint32_t>(seg_len, kSegmentHeaderSize + kMaxSackBlocks * kSackBlockSize);
+  const char* head = static_cast<const char*>(rte_pktmbuf_read(m, seg_off, head_len, buf));
+  // Only as many bytes as the header + its SACK blocks take belong to the header view.
+  size_t sack_count = static_cast<uint8_t>(head[5]);
+  size_t header_bytes = std::min<size_t>(head_len, kSegmentHeaderSize + sack_count * kSackBlockSize);
+  auto decoded = DecodeSegmentHeader(std::string_view(head, header_bytes), seg_len);
+  if (!decoded.ok()) return;
+  SegmentHeader& h = *decoded;
+  if (h.kind == SegmentKind::kSyn && h.dst_conn == 0) {
+    HandleSyn(h, src_ip, src_port, src_mac, dst_ip, dst_port, now);
+    return;
+  }
+  auto it = io_conns_.find(h.dst_conn);
+  if (it == io_conns_.end() || it->second->params().remote_ip != src_ip ||
+      it->second->params().remote_port != src_port || it->second->params().local_port != dst_port) {
+    if (h.kind != SegmentKind::kRst) SendRst(h, dst_ip, dst_port, src_mac, src_ip, src_port);
+    return;
+  }
+  MbufPayload payload(m, seg_off + static_cast<uint32_t>(h.encoded_size()));
+  it->second->OnSegment(h, payload, now);
+}
+
+void DpdkPort::HandleSyn(const SegmentHeader& h, uint32_t src_ip, uint16_t src_port,
+                         const MacAddress& src_mac, uint32_t dst_ip, uint16_t dst_port, uint64_t now) {
+  std::shared_ptr<ConnState> conn;
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    auto existing = syn_index_.find(SynKey{src_ip, src_port, h.src_conn});
+    if (existing != syn_index_.end()) {
+      auto c = conns_.find(existing->second);
+      if (c != conns_.end()) conn = c->second;
+    }
+    if (!conn) {
+      auto l = listeners_.find(dst_port);
+      if (l == listeners_.end()) {
+        // Nothing listens: refuse.
+      } else {
+        ConnParams params = l->second->templ();
+        params.local_id = NewConnIdLocked();
+        params.local_ip = dst_ip;
+        params.local_port = dst_port;
+        params.remote_ip = src_ip;
+        params.remote_port = src_port;
+        params.mss = mss_;
+        auto fresh = ConnState::NewServer(params, h, src_mac, now);
+        fresh->set_wakeup([this] { Wake(); });
+        if (!l->second->Push(fresh)) return;  // backlog full: the dialler retries
+        conns_[params.local_id] = fresh;
+        syn_index_[SynKey{src_ip, src_port, h.src_conn}] = params.local_id;
+        ++table_gen_;
+        return;  // the next Poll sends the SYN-ACK
+      }
+    }
+  }
+  if (conn) {
+    MbufPayload none(nullptr, 0);
+    conn->OnSegment(h, none, now);
+    return;
+  }
+  SendRst(h, dst_ip, dst_port, src_mac, src_ip, src_port);
+}
+
+void DpdkPort::SendRst(const SegmentHeader& to, uint32_t src_ip, uint16_t src_port, const MacAddress& dst_mac,
+                       uint32_t dst_ip, uint16_t dst_port) {
+  if (tx_pending_.size() >= kMaxPendingTx) return;
+  SegmentHeader rst;
+  rst.kind = SegmentKind::kRst;
+  rst.src_conn = to.dst_conn;
+  rst.dst_conn = to.src_conn;
+  rst.tsval = NowNanos();
+  rte_mbuf* m = BuildFrame(dst_mac, src_ip, src_port, dst_ip, dst_port, rst, nullptr, 0);
+  if (m != nullptr) Enqueue(m);
+}
+
+void DpdkPort::HandleArp(rte_mbuf* m) {
+  rte_arp_hdr copy;
+  if (rte_pktmbuf_pkt_len(m) < RTE_ETHER_HDR_LEN + sizeof(rte_arp_hdr)) return;
+  const auto* arp =
+      static_cast<const rte_arp_hdr*>(rte_pktmbuf_read(m, RTE_ETHER_HDR_LEN, sizeof(copy), &copy));
+  if (rte_be_to_cpu_16(arp->arp_hardware) != RTE_ARP_HRD_ETHER ||
+      rte_be_to_cpu_16(arp->arp_protocol) != RTE_ETHER_TYPE_IPV4 || arp->arp_hlen != 6 ||
+      arp->arp_plen != 4) {
+    return;
+  }
+  uint32_t sip = rte_be_to_cpu_32(arp->arp_data.arp_sip);
+  uint32_t tip = rte_be_to_cpu_32(arp->arp_data.arp_tip);
+  MacAddress sha;
+  std::memcpy(sha.bytes, arp->arp_data.arp_sha.addr_bytes, 6);
+  if (sha == mac_ && io_addresses_.count(sip) != 0) return;  // our own request looped back
+  if (sip != 0) neighbours_[sip] = sha;
+  if (rte_be_to_cpu_16(arp->arp_opcode) != RTE_ARP_OP_REQUEST || io_addresses_.count(tip) == 0) return;
+  rte_mbuf* r = rte_pktmbuf_alloc(pool_);
+  if (r == nullptr) return;
+  auto* e = rte_pktmbuf_mtod(r, rte_ether_hdr*);
+  auto* a = reinterpret_cast<rte_arp_hdr*>(e + 1);
+  std::memcpy(e->dst_addr.addr_bytes, sha.bytes, 6);
+  std::memcpy(e->src_addr.addr_bytes, mac_.bytes, 6);
+  e->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP);
+  a->arp_hardware = rte_cpu_to_be_16(RTE_ARP_HRD_ETHER);
+  a->arp_protocol = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+  a->arp_hlen = 6;
+  a->arp_plen = 4;
+  a->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REPLY);
+  std::memcpy(a->arp_data.arp_sha.addr_bytes, mac_.bytes, 6);
+  a->arp_data.arp_sip = rte_cpu_to_be_32(tip);
+  std::memcpy(a->arp_data.arp_tha.addr_bytes, sha.bytes, 6);
+  a->arp_data.arp_tip = rte_cpu_to_be_32(sip);
+  r->data_len = r->pkt_len = RTE_ETHER_HDR_LEN + sizeof(rte_arp_hdr);
+  Enqueue(r);
+}
+
+bool DpdkPort::Neighbour(uint32_t ip, MacAddress* mac) {
+  auto it = neighbours_.find(ip);
+  if (it == neighbours_.end()) return false;
+  *mac = it->second;
+  return true;
+}
+
+void DpdkPort::SendArpRequest(uint32_t local_ip, uint32_t target_ip) {
+  uint64_t now = NowNanos();
+  uint64_t& last = arp_sent_ns_[target_ip];
+  if (now - last < 20'000'000) return;  // one request per target per 20 ms
+  last = now;
+  rte_mbuf* r = rte_pktmbuf_alloc(pool_);
+  if (r == nullptr) return;
+  auto* e = rte_pktmbuf_mtod(r, rte_ether_hdr*);
+  auto* a = reinterpret_cast<rte_arp_hdr*>(e + 1);
+  std::memset(e->dst_addr.addr_bytes, 0xff, 6);
+  std::memcpy(e->src_addr.addr_bytes, mac_.bytes, 6);
+  e->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_ARP);
+  a->arp_hardware = rte_cpu_to_be_16(RTE_ARP_HRD_ETHER);
+  a->arp_protocol = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+  a->arp_hlen = 6;
+  a->arp_plen = 4;
+  a->arp_opcode = rte_cpu_to_be_16(RTE_ARP_OP_REQUEST);
+  std::memcpy(a->arp_data.arp_sha.addr_bytes, mac_.bytes, 6);
+  a->arp_data.arp_sip = rte_cpu_to_be_32(local_ip);
+  std::memset(a->arp_data.arp_tha.addr_bytes, 0, 6);
+  a->arp_data.arp_tip = rte_cpu_to_be_32(target_ip);
+  r->data_len = r->pkt_len = RTE_ETHER_HDR_LEN + sizeof(rte_arp_hdr);
+  Enqueue(r);
+}
+
+rte_mbuf* DpdkPort::BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint16_t src_port, uint32_t dst_ip,
+                               uint16_t dst_port, const SegmentHeader& h, const ByteRing* data,
+                               uint64_t offset) {
+  rte_mbuf* m = rte_pktmbuf_alloc(pool_);
+  if (m == nullptr) return nullptr;
+  const size_t seg_header = h.encoded_size();
+  const uint32_t udp_len = static_cast<uint32_t>(sizeof(rte_udp_hdr) + seg_header + h.payload_len);
+  char* p = rte_pktmbuf_append(m, static_cast<uint16_t>(kOuterHeaderSize + seg_header));
+  if (p == nullptr) {
+    rte_pktmbuf_free(m);
+    return nullptr;
+  }
+  auto* eth = reinterpret_cast<rte_ether_hdr*>(p);
+  std::memcpy(eth->dst_addr.addr_bytes, dst_mac.bytes, 6);
+  std::memcpy(eth->src_addr.addr_bytes, mac_.bytes, 6);
+  eth->ether_type = rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4);
+  auto* ip = reinterpret_cast<rte_ipv4_hdr*>(eth + 1);
+  ip->version_ihl = RTE_IPV4_VHL_DEF;
+  ip->type_of_service = 0;
+  ip->total_length = rte_cpu_to_be_16(static_cast<uint16_t>(sizeof(rte_ipv4_hdr) + udp_len));
+  ip->packet_id = rte_cpu_to_be_16(ip_id_++);
+  ip->fragment_offset = rte_cpu_to_be_16(RTE_IPV4_HDR_DF_FLAG);
+  ip->time_to_live = 64;
+  ip->next_proto_id = IPPROTO_UDP;
+  ip->hdr_checksum = 0;
+  ip->src_addr = rte_cpu_to_be_32(src_ip);
+  ip->dst_addr = rte_cpu_to_be_32(dst_ip);
+  ip->hdr_checksum = rte_ipv4_cksum(ip);
+  auto* udp = reinterpret_cast<rte_udp_hdr*>(ip + 1);
+  udp->src_port = rte_cpu_to_be_16(src_port);
+  udp->dst_port = rte_cpu_to_be_16(dst_port);
+  udp->dgram_len = rte_cpu_to_be_16(static_cast<uint16_t>(udp_len));
+  udp->dgram_cksum = 0;
+  EncodeSegmentHeader(h, reinterpret_cast<char*>(udp + 1));
+  uint32_t done = 0;
+  rte_mbuf* last = m;
+  while (done < h.payload_len) {
+    uint16_t room = rte_pktmbuf_tailroom(last);
+    if (room == 0) {
+      rte_mbuf* next = multi_seg_ ? rte_pktmbuf_alloc(pool_) : nullptr;
+      if (next == nullptr || rte_pktmbuf_chain(m, next) != 0) {
+        if (next != nullptr) rte_pktmbuf_free(next);
+        rte_pktmbuf_free(m);
+        return nullptr;
+      }
+      last = next;
+      continue;
+    }
+    uint32_t chunk = std::min<uint32_t>(room, h.payload_len - done);
+    char* dst = rte_pktmbuf_append(m, static_cast<uint16_t>(chunk));
+    data->CopyOut(offset + done, chunk, dst);
+    done += chunk;
+  }
+  udp->dgram_cksum = rte_ipv4_udptcp_cksum_mbuf(m, ip, kOuterHeaderSize - sizeof(rte_udp_hdr));
+  return m;
+}
+
+bool DpdkPort::Emit(const ConnState& conn, const MacAddress& dst_mac, const SegmentHeader& h,
+                    const ByteRing* data, uint64_t offset) {
+  if (tx_pending_.size() >= kMaxPendingTx) return false;
+  const ConnParams& p = conn.params();
+  rte_mbuf* m = BuildFrame(dst_mac, p.local_ip, p.local_port, p.remote_ip, p.remote_port, h, data, offset);
+  if (m == nullptr) return false;
+  const FaultConfig& f = p.faults;
+  if (f.active()) {
+    double r = conn.NextFaultRandom();
+    if (r < f.drop) {
+      rte_pktmbuf_free(m);
+      return true;
+    }
+    r -= f.drop;
+    if (r < f.duplicate) {
+      rte_mbuf* copy = rte_pktmbuf_copy(m, pool_, 0, UINT32_MAX);
+      if (copy != nullptr) Enqueue(copy);
+    } else if (r - f.duplicate < f.reorder) {
+      // Hold the frame back until 1..8 later frames went out (or 1 ms passed).
+      uint64_t later = 1 + static_cast<uint64_t>(conn.NextFaultRandom() * 8);
+      delayed_.push_back(Delayed{m, frames_enqueued_ + later, NowNanos()});
+      return true;
+    }
+  }
+  Enqueue(m);
+  return true;
+}
+
+void DpdkPort::Enqueue(rte_mbuf* m) {
+  tx_pending_.push_back(m);
+  ++frames_enqueued_;
+}
+
+void DpdkPort::FlushTx(uint64_t now) {
+  while (!delayed_.empty() &&
+         (delayed_.front().release_at_frame <= frames_enqueued_ ||
+          (now > delayed_.front().held_ns && now - delayed_.front().held_ns > kReorderHoldNs))) {
+    tx_pending_.push_back(delayed_.front().mbuf);
+    delayed_.pop_front();
+  }
+  size_t sent = 0;
+  while (sent < tx_pending_.size()) {
+    uint16_t want = static_cast<uint16_t>(std::min<size_t>(kBurst, tx_pending_.size() - sent));
+    uint16_t n = rte_eth_tx_burst(port_id_, 0, tx_pending_.data() + sent, want);
+    sent += n;
+    if (n < want) break;
+  }
+  if (sent > 0) {
+    tx_pending_.erase(tx_pending_.begin(), tx_pending_.begin() + static_cast<long>(sent));
+    last_tx_progress_ns_ = now;
+  } else if (!tx_pending_.empty() && now - last_tx_progress_ns_ > kStuckTxNs) {
+    // The link is down (e.g. memif peer gone): drop; retransmission recovers.
+    for (rte_mbuf* m : tx_pending_) rte_pktmbuf_free(m);
+    tx_pending_.clear();
+    last_tx_progress_ns_ = now;
+  }
+  if (tx_pending_.empty()) last_tx_progress_ns_ = now;
+}
+
+}  // namespace canopy::transport::dpdk

@@ -1,0 +1,170 @@
+// DpdkPort: one configured and started DPDK ethdev port (PCI NIC or vdev
+// such as net_memif / net_af_packet) with its mbuf pool, its I/O thread and
+// the connections and listeners that use it. Shared by every Transport in the
+// process that names the same port; lives until the process exits.
+//
+// The I/O thread busy-polls rx/tx bursts (backing off to short sleeps when
+// idle, woken by application threads), parses Ethernet/ARP/IPv4/UDP, answers
+// ARP for the port's addresses, dispatches segments to ConnStates by
+// connection id, runs their timers and transmits what they emit. Application
+// threads only touch ConnState buffers (bounded) and the tables below.
+//
+// Thread safety: all public methods may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/result.h"
+#include "transport/dpdk/dpdk_conn.h"
+
+struct rte_mempool;
+struct rte_mbuf;
+
+namespace canopy::transport::dpdk {
+
+struct PortSettings {
+  uint32_t mtu = 9000;         // requested; the port's limit wins
+  uint32_t mbufs = 0;          // 0: default
+  uint32_t mbuf_bytes = 2048;  // data room per mbuf
+};
+
+// Connections waiting for Accept on one UDP port.
+class ListenerState {
+ public:
+  ListenerState(ConnParams templ, size_t backlog) : templ_(std::move(templ)), backlog_(backlog) {}
+  const ConnParams& templ() const { return templ_; }
+  // False when the backlog is full or the listener closed (the SYN is dropped).
+  bool Push(std::shared_ptr<ConnState> conn);
+  // Next connection; Timeout at the deadline, Aborted once closed.
+  Result<std::shared_ptr<ConnState>> Pop(Deadline deadline);
+  // Returns the connections never accepted.
+  std::deque<std::shared_ptr<ConnState>> Close();
+
+ private:
+  const ConnParams templ_;
+  const size_t backlog_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ConnState>> queue_;
+  bool closed_ = false;
+};
+
+class DpdkPort : private SegmentOutput {
+ public:
+  // Configures and starts port `port_id`. REQUIRES: EAL initialised.
+  static Result<std::shared_ptr<DpdkPort>> Start(uint16_t port_id, const PortSettings& settings);
+  ~DpdkPort() override;
+
+  uint16_t port_id() const { return port_id_; }
+  const std::string& name() const { return name_; }
+  uint32_t mtu() const { return mtu_; }
+  uint32_t mss() const { return mss_; }
+  MacAddress mac() const { return mac_; }
+  // The address used when dialling without ip=: the first address the port
+  // was given (by Listen or ip=), else 10.0.0.(100 + port id).
+  uint32_t DefaultIp();
+
+  // Adds an IPv4 address the port answers (ARP) and accepts frames for.
+  void AddAddress(uint32_t ip);
+
+  // Registers a listener on udp_port (0: pick a free one); returns the port.
+  Result<uint16_t> AddListener(uint16_t udp_port, std::shared_ptr<ListenerState> listener);
+  void RemoveListener(uint16_t udp_port);
+
+  // Registers a new dialling connection: fills local_id and local_port in
+  // params and returns the ConnState (its handshake starts at once).
+  Result<std::shared_ptr<ConnState>> AddClient(ConnParams params);
+
+  // Wakes the I/O thread if it sleeps.
+  void Wake();
+
+ private:
+  struct Delayed {
+    rte_mbuf* mbuf;
+    uint64_t release_at_frame;
+    uint64_t held_ns;
+  };
+  struct SynKey {
+    uint32_t ip;
+    uint16_t port;
+    uint32_t conn;
+    bool operator<(const SynKey& o) const {
+      return std::tie(ip, port, conn) < std::tie(o.ip, o.port, o.conn);
+    }
+  };
+
+  DpdkPort() = default;
+  void Run();
+  void RefreshSnapshot();
+  void HandleFrame(rte_mbuf* m, uint64_t now);
+  void HandleArp(rte_mbuf* m);
+  void HandleSyn(const SegmentHeader& h, uint32_t src_ip, uint16_t src_port, const MacAddress& src_mac,
+                 uint32_t dst_ip, uint16_t dst_port, uint64_t now);
+  void SendRst(const SegmentHeader& to, uint32_t src_ip, uint16_t src_port, const MacAddress& src_mac,
+               uint32_t dst_ip, uint16_t dst_port);
+  void FlushTx(uint64_t now);
+  void Enqueue(rte_mbuf* m);
+  uint32_t NewConnIdLocked();
+  Result<uint16_t> FreeUdpPortLocked();
+  // Builds a frame; nullptr when out of mbufs.
+  rte_mbuf* BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint16_t src_port, uint32_t dst_ip,
+                       uint16_t dst_port, const SegmentHeader& h, const ByteRing* data, uint64_t offset);
+
+  // SegmentOutput (I/O thread).
+  bool Emit(const ConnState& conn, const MacAddress& dst_mac, const SegmentHeader& h, const ByteRing* data,
+            uint64_t offset) override;
+  bool Neighbour(uint32_t ip, MacAddress* mac) override;
+  void SendArpRequest(uint32_t local_ip, uint32_t target_ip) override;
+
+  uint16_t port_id_ = 0;
+  std::string name_;
+  uint32_t mtu_ = 1500;
+  uint32_t mss_ = 1352;
+  bool multi_seg_ = false;
+  MacAddress mac_;
+  rte_mempool* pool_ = nullptr;
+
+  // Tables, guarded by table_mu_; table_gen_ bumps on every change.
+  std::mutex table_mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<ConnState>> conns_;
+  std::map<SynKey, uint32_t> syn_index_;
+  std::map<uint16_t, std::shared_ptr<ListenerState>> listeners_;
+  std::vector<uint32_t> addresses_;
+  uint16_t next_ephemeral_ = 49152;
+  uint64_t id_state_ = 0;
+  std::atomic<uint64_t> table_gen_{1};
+
+  // I/O thread's copies.
+  uint64_t seen_gen_ = 0;
+  std::unordered_map<uint32_t, std::shared_ptr<ConnState>> io_conns_;
+  std::vector<std::shared_ptr<ConnState>> io_list_;
+  std::set<uint32_t> io_addresses_;
+  std::unordered_map<uint32_t, MacAddress> neighbours_;
+  std::vector<rte_mbuf*> tx_pending_;
+  std::deque<Delayed> delayed_;
+  uint64_t frames_enqueued_ = 0;
+  uint64_t last_tx_progress_ns_ = 0;
+  uint16_t ip_id_ = 0;
+  std::map<uint32_t, uint64_t> arp_sent_ns_;
+
+  std::atomic<bool> running_{true};
+  std::atomic<bool> sleeping_{false};
+  std::mutex sleep_mu_;
+  std::condition_variable sleep_cv_;
+  bool wake_pending_ = false;
+  std::thread thread_;
+};
+
+}  // namespace canopy::transport::dpdk

@@ -1,0 +1,323 @@
+#include "transport/dpdk/dpdk_transport.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "transport/dpdk/dpdk_env.h"
+#include "transport/dpdk/dpdk_port.h"
+#include "transport/dpdk/dpdk_wire.h"
+#include "transport/frame.h"
+
+namespace canopy::transport {
+namespace {
+
+using dpdk::CanopyArgs;
+using dpdk::ConnParams;
+using dpdk::ConnState;
+using dpdk::DpdkEnv;
+using dpdk::DpdkPort;
+
+constexpr size_t kFileChunk = 256 << 10;
+
+std::string PeerUri(const ConnParams& p) {
+  return "dpdk://" + dpdk::FormatIpv4(p.remote_ip) + ":" + std::to_string(p.remote_port);
+}
+
+class DpdkConnection final : public Connection {
+ public:
+  DpdkConnection(std::shared_ptr<DpdkPort> port, std::shared_ptr<ConnState> conn,
+                 const TransportOptions& options)
+      : port_(std::move(port)),
+        conn_(std::move(conn)),
+        max_message_(options.max_message_bytes),
+        io_timeout_(options.io_timeout) {}
+  // A user-space stack dies with its process: after Shutdown, linger (up to
+  // min(io_timeout, 2 s)) until the peer has everything, as the kernel would
+  // for TCP, so that "Shutdown, then exit" delivers the data.
+  ~DpdkConnection() override {
+    if (shut_down_.load()) {
+      (void)conn_->WaitFinAcked(
+          Deadline::After(std::min<std::chrono::milliseconds>(io_timeout_, std::chrono::seconds(2))));
+    }
+    Close();
+  }
+
+  Status Send(uint16_t type, std::string_view payload) override {
+    return SendMessage(type, payload, nullptr);
+  }
+  Status SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) override {
+    return SendMessage(type, payload, &bulk);
+  }
+
+  Result<Message> Receive(Deadline deadline) override {
+    if (!broken_.ok()) return broken_;
+    if (bulk_pending_ > 0) {
+      return Status::InvalidArgument(std::to_string(bulk_pending_) +
+                                     " bulk bytes are still pending: consume them with ReceiveBulk first");
+    }
+    char header[kFrameHeaderSize];
+    CANOPY_RETURN_IF_ERROR(ReadExact(header, kFrameHeaderSize, deadline, /*at_boundary=*/true));
+    auto decoded = DecodeFrameHeader(std::string_view(header, kFrameHeaderSize), max_message_);
+    if (!decoded.ok()) return Break(decoded.status());
+    Message msg;
+    msg.type = decoded->type;
+    msg.payload.resize(decoded->payload_len);
+    CANOPY_RETURN_IF_ERROR(ReadExact(msg.payload.data(), msg.payload.size(), deadline, false));
+    Status verified = VerifyFramePayload(*decoded, msg.payload);
+    if (!verified.ok()) return Break(verified);
+    msg.bulk_bytes = decoded->bulk_len;
+    bulk_pending_ = decoded->bulk_len;
+    messages_received_.fetch_add(1, std::memory_order_relaxed);
+    bytes_received_.fetch_add(msg.payload.size(), std::memory_order_relaxed);
+    return msg;
+  }
+
+  Status ReceiveBulk(const BulkSink& sink, uint64_t length, Deadline deadline) override {
+    if (!broken_.ok()) return broken_;
+    if (length > bulk_pending_) {
+      return Status::InvalidArgument("ReceiveBulk of " + std::to_string(length) + " bytes but only " +
+                                     std::to_string(bulk_pending_) + " are pending");
+    }
+    uint64_t done = 0;
+    std::string buffer;
+    while (done < length) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, kFileChunk));
+      if (sink.is_file()) {
+        buffer.resize(want);
+        CANOPY_RETURN_IF_ERROR(ReadExact(buffer.data(), want, deadline, false));
+        size_t written = 0;
+        while (written < want) {
+          ssize_t w = ::pwrite(sink.fd, buffer.data() + written, want - written,
+                               static_cast<off_t>(sink.file_offset + done + written));
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) return Break(ErrnoStatus(w < 0 ? errno : EIO, "writing bulk bytes to file"));
+          written += static_cast<size_t>(w);
+        }
+      } else {
+        CANOPY_RETURN_IF_ERROR(ReadExact(sink.memory + done, want, deadline, false));
+      }
+      done += want;
+      bulk_pending_ -= want;
+      bytes_received_.fetch_add(want, std::memory_order_relaxed);
+    }
+    return Status::Ok();
+  }
+
+  Status Shutdown() override {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    Status s = conn_->Shutdown();
+    if (s.ok()) shut_down_ = true;
+    return s;
+  }
+
+  void Close() override { conn_->Abort(); }
+
+  std::string peer_uri() const override { return PeerUri(conn_->params()); }
+
+  ConnectionStats stats() const override {
+    ConnectionStats s;
+    s.messages_sent = messages_sent_.load();
+    s.messages_received = messages_received_.load();
+    s.bytes_sent = bytes_sent_.load();
+    s.bytes_received = bytes_received_.load();
+    s.retransmits = conn_->retransmits();
+    return s;
+  }
+
+ private:
+  Status Break(const Status& s) {
+    broken_ = s;
+    conn_->Abort();
+    return s;
+  }
+
+  Status SendMessage(uint16_t type, std::string_view payload, const BulkSource* bulk) {
+    if (payload.size() > max_message_) {
+      return Status::InvalidArgument("message of " + std::to_string(payload.size()) +
+                                     " bytes exceeds max_message_bytes " + std::to_string(max_message_));
+    }
+    uint64_t bulk_len = bulk != nullptr ? bulk->size() : 0;
+    char header[kFrameHeaderSize];
+    EncodeFrameHeader(header, type, payload, bulk_len);
+    std::lock_guard<std::mutex> lock(send_mu_);
+    CANOPY_RETURN_IF_ERROR(conn_->Write(header, kFrameHeaderSize));
+    CANOPY_RETURN_IF_ERROR(conn_->Write(payload.data(), payload.size()));
+    if (bulk != nullptr && bulk->is_file()) {
+      std::string buffer(static_cast<size_t>(std::min<uint64_t>(kFileChunk, bulk_len)), '\0');
+      uint64_t done = 0;
+      while (done < bulk_len) {
+        size_t want = static_cast<size_t>(std::min<uint64_t>(bulk_len - done, buffer.size()));
+        ssize_t r = ::pread(bulk->fd, buffer.data(), want, static_cast<off_t>(bulk->file_offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+          // The peer was promised bulk_len bytes: the stream cannot continue.
+          Status s = r < 0 ? ErrnoStatus(errno, "reading bulk source file")
+                           : Status::IOError("bulk source file ended " + std::to_string(bulk_len - done) +
+                                             " bytes short of the announced length");
+          conn_->Abort();
+          return s;
+        }
+        CANOPY_RETURN_IF_ERROR(conn_->Write(buffer.data(), static_cast<size_t>(r)));
+        done += static_cast<uint64_t>(r);
+      }
+    } else if (bulk != nullptr) {
+      CANOPY_RETURN_IF_ERROR(conn_->Write(bulk->memory.data(), bulk->memory.size()));
+    }
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(payload.size() + bulk_len, std::memory_order_relaxed);
+    return Status::Ok();
+  }
+
+  // Reads exactly n bytes. At a message boundary, an orderly end before the
+  // first byte is Closed; an end (or deadline) mid-message breaks the stream.
+  Status ReadExact(char* dst, size_t n, Deadline deadline, bool at_boundary) {
+    size_t done = 0;
+    while (done < n) {
+      auto r = conn_->Read(dst + done, n - done, deadline);
+      if (!r.ok()) {
+        Status s = r.status();
+        if (done == 0 && at_boundary) return s;
+        if (s.IsClosed()) s = Status::Unavailable("peer closed the connection in the middle of a message");
+        if (s.IsTimeout())
+          s = Status::Timeout("deadline passed in the middle of a message; connection unusable");
+        return Break(s);
+      }
+      done += *r;
+    }
+    return Status::Ok();
+  }
+
+  std::shared_ptr<DpdkPort> port_;
+  std::shared_ptr<ConnState> conn_;
+  const uint32_t max_message_;
+  const std::chrono::milliseconds io_timeout_;
+  std::atomic<bool> shut_down_{false};
+  std::mutex send_mu_;
+  Status broken_;
+  uint64_t bulk_pending_ = 0;
+  std::atomic<uint64_t> messages_sent_{0}, messages_received_{0}, bytes_sent_{0}, bytes_received_{0};
+};
+
+class DpdkListener final : public Listener {
+ public:
+  DpdkListener(std::shared_ptr<DpdkPort> port, std::shared_ptr<dpdk::ListenerState> state, Endpoint local,
+               const TransportOptions& options)
+      : port_(std::move(port)), state_(std::move(state)), local_(std::move(local)), options_(options) {}
+  ~DpdkListener() override { Close(); }
+
+  Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
+    CANOPY_ASSIGN_OR_RETURN(auto conn, state_->Pop(deadline));
+    return std::unique_ptr<Connection>(new DpdkConnection(port_, std::move(conn), options_));
+  }
+  Endpoint local_endpoint() const override { return local_; }
+  void Close() override {
+    if (!closed_.exchange(true)) port_->RemoveListener(local_.port);
+  }
+
+ private:
+  std::shared_ptr<DpdkPort> port_;
+  std::shared_ptr<dpdk::ListenerState> state_;
+  Endpoint local_;
+  TransportOptions options_;
+  std::atomic<bool> closed_{false};
+};
+
+class DpdkTransport final : public Transport {
+ public:
+  DpdkTransport(DpdkEnv* env, CanopyArgs args, const TransportOptions& options)
+      : env_(env), args_(std::move(args)), options_(options) {}
+
+  std::string_view scheme() const override { return "dpdk"; }
+
+  Result<std::unique_ptr<Listener>> Listen(const Endpoint& local) override {
+    CANOPY_ASSIGN_OR_RETURN(auto port, PortFor(local));
+    uint32_t ip = 0;
+    if (local.host == "0.0.0.0" || local.host == "*") {
+      ip = port->DefaultIp();
+    } else {
+      CANOPY_ASSIGN_OR_RETURN(ip, dpdk::ParseIpv4(local.host));
+    }
+    port->AddAddress(ip);
+    auto state = std::make_shared<dpdk::ListenerState>(Template(local), 128);
+    CANOPY_ASSIGN_OR_RETURN(uint16_t udp_port, port->AddListener(local.port, state));
+    Endpoint bound;
+    bound.scheme = "dpdk";
+    bound.host = dpdk::FormatIpv4(ip);
+    bound.port = udp_port;
+    return std::unique_ptr<Listener>(new DpdkListener(port, state, bound, options_));
+  }
+
+  Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) override {
+    CANOPY_ASSIGN_OR_RETURN(auto port, PortFor(remote));
+    ConnParams params = Template(remote);
+    CANOPY_ASSIGN_OR_RETURN(params.remote_ip, dpdk::ParseIpv4(remote.host));
+    if (remote.port == 0)
+      return Status::InvalidArgument("dpdk://" + remote.HostPort() + ": port 0 cannot be dialled");
+    params.remote_port = remote.port;
+    std::string ip = Param(remote, "ip", args_.ip);
+    if (!ip.empty()) {
+      CANOPY_ASSIGN_OR_RETURN(params.local_ip, dpdk::ParseIpv4(ip));
+    } else {
+      params.local_ip = port->DefaultIp();
+    }
+    port->AddAddress(params.local_ip);
+    CANOPY_ASSIGN_OR_RETURN(auto conn, port->AddClient(params));
+    Status s =
+        conn->WaitEstablished(Deadline::After(options_.connect_timeout + std::chrono::milliseconds(100)));
+    if (!s.ok()) {
+      conn->Abort();
+      return s.WithContext("dpdk://" + remote.HostPort());
+    }
+    return std::unique_ptr<Connection>(new DpdkConnection(port, std::move(conn), options_));
+  }
+
+ private:
+  static std::string Param(const Endpoint& e, const std::string& key, const std::string& fallback) {
+    auto it = e.params.find(key);
+    return it == e.params.end() ? fallback : it->second;
+  }
+
+  Result<std::shared_ptr<DpdkPort>> PortFor(const Endpoint& e) {
+    dpdk::PortSettings settings;
+    settings.mtu = args_.mtu;
+    settings.mbufs = args_.mbufs;
+    settings.mbuf_bytes = args_.mbuf_bytes;
+    return env_->Port(Param(e, "port", args_.port), settings);
+  }
+
+  ConnParams Template(const Endpoint& e) {
+    ConnParams p;
+    p.send_capacity = options_.max_inflight_bytes;
+    p.recv_capacity = options_.buffer_bytes;
+    p.connect_timeout = options_.connect_timeout;
+    p.io_timeout = options_.io_timeout;
+    p.faults = args_.faults;
+    std::string mac = Param(e, "peer_mac", args_.peer_mac);
+    if (!mac.empty()) {
+      auto parsed = dpdk::ParseMac(mac);
+      if (parsed.ok()) p.static_mac = *parsed;
+    }
+    return p;
+  }
+
+  DpdkEnv* env_;
+  const CanopyArgs args_;
+  const TransportOptions options_;
+};
+
+}  // namespace
+
+Status RegisterDpdkTransport(TransportRegistry& registry) {
+  return registry.Register(
+      "dpdk", "canopy's reliable stream over UDP/IPv4 on DPDK ports (EAL arguments in backend_args)",
+      [](const TransportOptions& options) -> Result<std::shared_ptr<Transport>> {
+        CANOPY_ASSIGN_OR_RETURN(auto split, dpdk::SplitBackendArgs(options.backend_args));
+        CANOPY_ASSIGN_OR_RETURN(DpdkEnv * env, DpdkEnv::Acquire(split.eal));
+        return std::shared_ptr<Transport>(new DpdkTransport(env, std::move(split.canopy), options));
+      });
+}
+
+}  // namespace canopy::transport

@@ -1,0 +1,142 @@
+// The DPDK backend's wire format: canopy's reliable-stream segment header,
+// carried as the payload of an ordinary Ethernet + IPv4 + UDP frame (so that
+// tcpdump/wireshark decode the outer layers), plus small value helpers
+// (MAC/IPv4 text forms, fault-injection settings, canopy's backend_args keys).
+//
+// Segment header (little-endian, kSegmentHeaderSize bytes, then sack_count
+// 16-byte SACK blocks, then payload_len stream bytes):
+//
+//   off size field
+//    0   2   magic        0x4443 ("CD")
+//    2   1   version      kSegmentVersion (1)
+//    3   1   kind         SegmentKind
+//    4   1   flags        kSegFlagFin: a FIN follows the payload in sequence space
+//                         kSegFlagAckNow: the receiver must answer with an ACK
+//    5   1   sack_count   number of SACK blocks (<= kMaxSackBlocks)
+//    6   2   reserved     0
+//    8   4   src_conn     sender's connection id
+//   12   4   dst_conn     receiver's connection id (0 in a SYN)
+//   16   8   seq          stream offset of the first payload byte
+//   24   8   ack          next stream offset the sender expects (cumulative ack)
+//   32   4   window       bytes beyond `ack` the sender can buffer
+//   36   4   payload_len  stream bytes in this segment (SYN/SYN-ACK: 4, the MSS)
+//   40   8   tsval        sender's clock (ns) when the segment was sent
+//   48   8   tsecr        latest tsval received from the peer (0: none)
+//
+// Sequence numbers are 64-bit byte offsets starting at 0 in each direction;
+// the FIN occupies one offset after the last data byte. Connection ids tell
+// incarnations apart. Integrity comes from the UDP checksum (always set and
+// verified).
+//
+// Thread safety: pure functions and values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/result.h"
+
+namespace canopy::transport::dpdk {
+
+inline constexpr uint16_t kSegmentMagic = 0x4443;
+inline constexpr uint8_t kSegmentVersion = 1;
+inline constexpr size_t kSegmentHeaderSize = 56;
+inline constexpr size_t kSackBlockSize = 16;
+inline constexpr size_t kMaxSackBlocks = 32;
+// SACK blocks a data segment may carry (room is reserved in the MSS for them).
+inline constexpr size_t kDataSackBlocks = 4;
+// Ethernet (14) + IPv4 (20) + UDP (8).
+inline constexpr size_t kOuterHeaderSize = 42;
+
+enum class SegmentKind : uint8_t { kSyn = 1, kSynAck = 2, kData = 3, kRst = 4 };
+inline constexpr uint8_t kSegFlagFin = 0x01;
+inline constexpr uint8_t kSegFlagAckNow = 0x02;
+
+struct SackBlock {
+  uint64_t start = 0;  // first byte
+  uint64_t end = 0;    // one past the last byte
+};
+
+struct SegmentHeader {
+  SegmentKind kind = SegmentKind::kData;
+  uint8_t flags = 0;
+  uint32_t src_conn = 0;
+  uint32_t dst_conn = 0;
+  uint64_t seq = 0;
+  uint64_t ack = 0;
+  uint32_t window = 0;
+  uint32_t payload_len = 0;
+  uint64_t tsval = 0;
+  uint64_t tsecr = 0;
+  std::vector<SackBlock> sacks;
+
+  size_t encoded_size() const { return kSegmentHeaderSize + sacks.size() * kSackBlockSize; }
+};
+
+// Writes h.encoded_size() bytes to out. REQUIRES: h.sacks.size() <= kMaxSackBlocks.
+void EncodeSegmentHeader(const SegmentHeader& h, char* out);
+
+// Parses a header (and its SACK blocks) from the start of `bytes`; checks the
+// magic, version, kind, reserved bits, the SACK count and that payload_len
+// bytes follow. Corruption with the reason otherwise.
+// `bytes` may hold just the start of a datagram of datagram_len bytes (at
+// least the header and its SACK blocks, when present); SIZE_MAX means all of it.
+Result<SegmentHeader> DecodeSegmentHeader(std::string_view bytes, size_t datagram_len = SIZE_MAX);
+
+struct MacAddress {
+  uint8_t bytes[6] = {0, 0, 0, 0, 0, 0};
+  bool operator==(const MacAddress&) const = default;
+  static MacAddress Broadcast() { return MacAddress{{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}; }
+};
+// "02:00:00:00:00:01" (':' or '-' separated hex pairs).
+Result<MacAddress> ParseMac(std::string_view text);
+std::string FormatMac(const MacAddress& mac);
+
+// Dotted quad to a host-order address; InvalidArgument otherwise.
+Result<uint32_t> ParseIpv4(std::string_view text);
+std::string FormatIpv4(uint32_t host_order);
+
+// Frame faults injected on transmit, each a probability in [0, 1].
+struct FaultConfig {
+  double drop = 0;
+  double duplicate = 0;
+  double reorder = 0;
+  uint64_t seed = 1;
+  bool active() const { return drop > 0 || duplicate > 0 || reorder > 0; }
+};
+
+// canopy's own settings, given in TransportOptions::backend_args as
+// "key=value[,key=value...]" arguments next to the EAL arguments:
+//   port=N|NAME     DPDK port (id or device name) used by this transport (default 0)
+//   ip=A.B.C.D      this side's IPv4 address when dialling (listening uses the URI host)
+//   peer_mac=MAC    static neighbour: destination MAC for every peer (skips ARP)
+//   mtu=N           requested port MTU (default 9000; the port's maximum is used if lower)
+//   mbufs=N         mbufs in the port's pool (default sized from the ring sizes)
+//   mbuf_bytes=N    data room per mbuf (default 2048, at least 1024); frames
+//                   larger than that travel as multi-segment mbuf chains
+//   fault_drop=P fault_dup=P fault_reorder=P fault_seed=N   fault injection on transmit
+// The URI may carry port=, ip= and peer_mac= too (they win over backend_args).
+struct CanopyArgs {
+  std::string port = "0";
+  std::string ip;
+  std::string peer_mac;
+  uint32_t mtu = 9000;
+  uint32_t mbufs = 0;
+  uint32_t mbuf_bytes = 2048;
+  FaultConfig faults;
+};
+
+struct SplitArgs {
+  std::vector<std::string> eal;  // passed to rte_eal_init in order
+  CanopyArgs canopy;
+};
+
+// Separates canopy's key=value arguments from EAL arguments. An argument is
+// canopy's when every comma-separated piece is key=value with a known key;
+// InvalidArgument for a known key with a bad value, or a mix of known and
+// unknown keys in one argument.
+Result<SplitArgs> SplitBackendArgs(const std::vector<std::string>& args);
+
+}  // namespace canopy::transport::dpdk
