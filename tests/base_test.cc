@@ -12,6 +12,7 @@
 #include "base/file.h"
 #include "base/result.h"
 #include "base/status.h"
+#include "base/units.h"
 #include "tests/testing/test_util.h"
 
 namespace canopy {
@@ -121,6 +122,20 @@ TEST(FileTest, FileSizeLimitIsResourceExhausted) {
     return PathExists(path) ? 2 : 0;  // nothing published under the final name
   });
   EXPECT_EQ(testing::WaitChild(pid, std::chrono::seconds(10)), 0);
+}
+
+TEST(UnitsTest, ParseAndFormatByteSizes) {
+  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+  EXPECT_EQ(*ParseByteSize("64K"), 65536u);
+  EXPECT_EQ(*ParseByteSize("4MiB"), 4u << 20);
+  EXPECT_EQ(*ParseByteSize("1g"), 1u << 30);
+  EXPECT_EQ(*ParseByteSize("2MB"), 2'000'000u);
+  EXPECT_EQ(*ParseByteSize("0", true), 0u);
+  for (const char* bad : {"", "0", "M", "4X", "-1", "99999999999999999999", "20000000000000G"}) {
+    EXPECT_EQ(ParseByteSize(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(3u << 29), "1.50 GiB");
 }
 
 }  // namespace

@@ -24,7 +24,6 @@
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/safe_path.h"
 #include "tools/rcopy/server.h"
-#include "tools/rcopy/units.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -267,20 +266,6 @@ TEST(RcopyChecksum, KnownValuesAndFileRanges) {
   }
   EXPECT_TRUE(DigestFileRange(fd->get(), bytes.size() - 10, 20, ChecksumAlgorithm::kXxh3).status().IsCorruption());
   EXPECT_EQ(DigestHex(0xabc), "0000000000000abc");
-}
-
-TEST(RcopyUnits, ParseByteSize) {
-  EXPECT_EQ(*ParseByteSize("4096"), 4096u);
-  EXPECT_EQ(*ParseByteSize("64K"), 65536u);
-  EXPECT_EQ(*ParseByteSize("4MiB"), 4u << 20);
-  EXPECT_EQ(*ParseByteSize("1g"), 1u << 30);
-  EXPECT_EQ(*ParseByteSize("2MB"), 2'000'000u);
-  EXPECT_EQ(*ParseByteSize("0", true), 0u);
-  for (const char* bad : {"", "0", "M", "4X", "-1", "99999999999999999999", "20000000000000G"}) {
-    EXPECT_EQ(ParseByteSize(bad).status().code(), StatusCode::kInvalidArgument) << bad;
-  }
-  EXPECT_EQ(FormatBytes(512), "512 B");
-  EXPECT_EQ(FormatBytes(3u << 29), "1.50 GiB");
 }
 
 // --------------------------------------------------- client and server

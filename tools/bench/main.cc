@@ -18,6 +18,7 @@
 #include "base/file.h"
 #include "base/logging.h"
 #include "fmt/format.h"
+#include "base/units.h"
 #include "tools/bench/perftest.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
@@ -144,7 +145,7 @@ int RunClient(const po::variables_map& vm) {
   options.uri = MakeUri(scheme, vm["host"].as<std::string>(), port);
   if (vm.count("size") && !vm["sizes"].defaulted()) return UsageError("give -s/--size or --sizes, not both", json);
   if (vm.count("size")) {
-    auto size = ParseSize(vm["size"].as<std::string>());
+    auto size = canopy::ParseByteSize(vm["size"].as<std::string>());
     if (!size.ok()) return UsageError("-s: " + size.status().message(), json);
     options.sizes = {*size};
   } else {

@@ -1,5 +1,7 @@
 #include "tools/bench/perftest.h"
 
+#include "base/units.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -220,38 +222,6 @@ Result<DoneCounts> DecodeDone(std::string_view payload) {
   return done;
 }
 
-Result<uint64_t> ParseSize(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return Status::InvalidArgument(fmt::format("bad size '{}': {} (e.g. 2, 64K, 8M)", text, why));
-  };
-  size_t i = 0;
-  uint64_t value = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-    uint64_t digit = static_cast<uint64_t>(text[i] - '0');
-    if (value > (UINT64_MAX - digit) / 10) return bad("too large");
-    value = value * 10 + digit;
-    ++i;
-  }
-  if (i == 0) return bad("no number");
-  std::string unit;
-  for (char c : text.substr(i)) unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
-  uint64_t multiple;
-  if (unit.empty() || unit == "b") {
-    multiple = 1;
-  } else if (unit == "k" || unit == "kib") {
-    multiple = 1ull << 10;
-  } else if (unit == "m" || unit == "mib") {
-    multiple = 1ull << 20;
-  } else if (unit == "g" || unit == "gib") {
-    multiple = 1ull << 30;
-  } else {
-    return bad("unknown unit");
-  }
-  if (value > UINT64_MAX / multiple) return bad("too large");
-  if (value == 0) return bad("must be greater than 0");
-  return value * multiple;
-}
-
 Result<std::vector<uint64_t>> PowerOfTwoSizes(uint64_t min, uint64_t max) {
   if (min == 0) return Status::InvalidArgument("smallest size must be at least 1 byte");
   if (min > max) return Status::InvalidArgument(fmt::format("size range {}:{} is empty (min > max)", min, max));
@@ -268,8 +238,8 @@ Result<std::vector<uint64_t>> ParseSizeRange(std::string_view text) {
   if (colon == std::string_view::npos) {
     return Status::InvalidArgument(fmt::format("bad size range '{}': expected MIN:MAX, e.g. 2:8M", text));
   }
-  CANOPY_ASSIGN_OR_RETURN(uint64_t min, ParseSize(text.substr(0, colon)));
-  CANOPY_ASSIGN_OR_RETURN(uint64_t max, ParseSize(text.substr(colon + 1)));
+  CANOPY_ASSIGN_OR_RETURN(uint64_t min, ParseByteSize(text.substr(0, colon)));
+  CANOPY_ASSIGN_OR_RETURN(uint64_t max, ParseByteSize(text.substr(colon + 1)));
   return PowerOfTwoSizes(min, max);
 }
 

@@ -77,8 +77,6 @@ Result<DoneCounts> DecodeDone(std::string_view payload);
 Result<std::vector<uint64_t>> PowerOfTwoSizes(uint64_t min, uint64_t max);
 // "MIN:MAX" with ParseByteSize-style sizes ("2:8M"). InvalidArgument otherwise.
 Result<std::vector<uint64_t>> ParseSizeRange(std::string_view text);
-// "4096", "64K", "4M", "1G" (binary multiples); InvalidArgument for 0 or junk.
-Result<uint64_t> ParseSize(std::string_view text);
 
 struct SweepOptions {
   std::string uri;  // scheme://host:port of a bench server

@@ -24,7 +24,7 @@
 #include "tools/rcopy/client.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/server.h"
-#include "tools/rcopy/units.h"
+#include "base/units.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -34,6 +34,8 @@ namespace {
 
 using canopy::Status;
 using namespace canopy::rcopy;
+using canopy::FormatBytes;
+using canopy::ParseByteSize;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;

@@ -1,10 +1,10 @@
-#include "tools/rcopy/units.h"
+#include "base/units.h"
 
 #include <cctype>
 
 #include "fmt/format.h"
 
-namespace canopy::rcopy {
+namespace canopy {
 
 Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero) {
   auto bad = [&](std::string_view why) {
@@ -60,4 +60,4 @@ std::string FormatBytes(uint64_t bytes) {
   return fmt::format("{:.{}f} {}", v, v < 10 ? 2 : 1, units[u]);
 }
 
-}  // namespace canopy::rcopy
+}  // namespace canopy

@@ -1,4 +1,4 @@
-// Byte sizes on command lines and in reports.
+// Byte sizes on command lines and in reports (shared by every tool).
 // Thread safety: pure functions.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "base/result.h"
 
-namespace canopy::rcopy {
+namespace canopy {
 
 // "4096", "64k", "64K", "64KiB", "4M", "4MiB", "1G", "1GiB" (binary multiples
 // of 1024); also "1kB"/"1MB"/"1GB" as decimal (1000). InvalidArgument for
@@ -18,4 +18,4 @@ Result<uint64_t> ParseByteSize(std::string_view text, bool allow_zero = false);
 // "0 B", "512 B", "4.0 KiB", "1.50 GiB".
 std::string FormatBytes(uint64_t bytes);
 
-}  // namespace canopy::rcopy
+}  // namespace canopy
