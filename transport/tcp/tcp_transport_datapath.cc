@@ -320,15 +320,21 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
     }
     rx_begin_ += kFrameHeaderSize;
     rx_header_ = *header;
-    rx_payload_.assign(rx_header_.payload_len, '\0');
+    rx_payload_.clear();
     rx_payload_filled_ = 0;
     rx_in_payload_ = true;
   }
-  uint64_t progress = 0;
-  Status s = ReadExactly(rx_payload_.data() + rx_payload_filled_, rx_header_.payload_len - rx_payload_filled_,
-                         deadline, &progress);
-  rx_payload_filled_ += progress;
-  CANOPY_RETURN_IF_ERROR(s);  // a Timeout keeps the partial payload for the next call
+  // The buffer grows with the bytes that arrive (at most doubling), never to
+  // the announced length up front: a header alone must not make us allocate
+  // (and zero) up to max_message_bytes per connection.
+  while (rx_payload_filled_ < rx_header_.payload_len) {
+    size_t target = std::min<size_t>(rx_header_.payload_len, std::max<size_t>(rx_payload_filled_ * 2, 64 << 10));
+    if (rx_payload_.size() < target) rx_payload_.resize(target);
+    uint64_t progress = 0;
+    Status s = ReadExactly(rx_payload_.data() + rx_payload_filled_, target - rx_payload_filled_, deadline, &progress);
+    rx_payload_filled_ += progress;
+    CANOPY_RETURN_IF_ERROR(s);  // a Timeout keeps the partial payload for the next call
+  }
   rx_in_payload_ = false;
   Status verified = VerifyFramePayload(rx_header_, rx_payload_);
   if (!verified.ok()) {
