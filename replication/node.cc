@@ -728,14 +728,23 @@ struct Node::Impl {
         if (v1 != v2) return v1 > v2;
         return id1 < id2;
       };
-      for (const auto& owner : OwnersLocked(tree_name)) {
+      // Every QUORUM-acknowledged write is on owners/2+1 owners, so only a
+      // candidate that has compared itself with a quorum of owners (itself
+      // included) knows it holds them all. An owner we merely do not hear
+      // from (cut link, just restarted) may hold newer acknowledged data:
+      // without a quorum of fresh reports, wait.
+      const auto owners = OwnersLocked(tree_name);
+      size_t compared = 1;  // ourselves
+      for (const auto& owner : owners) {
         if (owner == node_id || owner == dead.leader || !AliveLocked(owner)) continue;
         auto pit = peer_trees.find(owner);
         if (pit == peer_trees.end()) return;
         auto tit = pit->second.find(tree_name);
         if (tit == pit->second.end() || tit->second.at < detected) return;  // no fresh report yet
         if (better(tit->second.data_epoch, tit->second.version, owner, my_epoch, my_version, node_id)) return;
+        ++compared;
       }
+      if (compared < owners.size() / 2 + 1) return;
     }
     CANOPY_LOG(kInfo, "node {}: leader {} of {} (epoch {}) is dead; taking over at version {}", node_id, dead.leader,
                tree_name, dead.epoch, my_version);
@@ -806,6 +815,7 @@ struct Node::Impl {
     std::unique_ptr<tree::SnapshotInstaller> installer;
     uint64_t expected_chunk = 0;
     auto last_message = Clock::now();
+    auto last_keepalive = Clock::now();
     auto check_epoch = [&](uint64_t msg_epoch) -> Status {
       if (msg_epoch != epoch) {
         return Status::Conflict(fmt::format("message of epoch {} on a stream of epoch {}: refused", msg_epoch, epoch));
@@ -864,6 +874,14 @@ struct Node::Impl {
           if (c.epoch != epoch) return Status::Conflict("SNAPSHOT_CHUNK of another epoch: refused");
           if (c.index != expected_chunk++) return Status::Corruption("snapshot chunk out of order");
           CANOPY_RETURN_IF_ERROR(installer->AddChunk(c.data));
+          // While chunks keep arriving this loop never times out, so nothing
+          // else tells the leader we are alive; a long snapshot would then be
+          // dropped after failure_timeout and restarted from scratch. Repeat
+          // the last ACK (no new durability claim) once per heartbeat.
+          if (Clock::now() - last_keepalive >= options.heartbeat_interval) {
+            CANOPY_RETURN_IF_ERROR(SendMessage(conn, Ack{tree_name, epoch, last_acked}));
+            last_keepalive = Clock::now();
+          }
           break;
         }
         case MessageType::kSnapshotEnd: {

@@ -768,6 +768,7 @@ Status InstallerImpl::AddChunk(std::string_view chunk) {
     }
   }
   if (s.ok()) s = WriteAll(file_.get(), chunk.data(), chunk.size(), path_);
+  if (s.ok() && store_->options().install_fsync_each_chunk) s = FsyncFd(file_.get(), path_);
   if (!s.ok()) error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
   return error_;
 }

@@ -72,6 +72,11 @@ struct StoreOptions {
   uint64_t wal_segment_bytes = 64 << 20;
   // Chunk size of checkpoint files.
   size_t snapshot_chunk_bytes = kDefaultSnapshotChunkBytes;
+  // Benchmark knob: a SnapshotInstaller fsyncs its file after every chunk
+  // (as an installer that makes each received piece durable on arrival
+  // would) instead of once in Finish(). Off by default; bench/join.sh uses
+  // it to show what per-piece fsync costs a node join.
+  bool install_fsync_each_chunk = false;
 };
 
 struct CommitResult {

@@ -1,7 +1,7 @@
 // canopy: run a cluster node, and administer / use a cluster from scripts.
 //
 //   canopy node --listen tcp://127.0.0.1:7001 --data /tmp/n1 --cluster demo --secret-file s
-//               [--seed tcp://127.0.0.1:7002 ...]
+//               [--seed tcp://127.0.0.1:7002 ...] [--http 127.0.0.1:8001 [--http-port-file F]]
 //   canopy create-tree --node tcp://127.0.0.1:7001 --cluster demo --secret-file s --tree docs
 //   canopy commit --node URI ... --tree docs --cl QUORUM --append / --put /0:title=hello
 //   canopy read   --node URI ... --tree docs --path /0
@@ -32,6 +32,8 @@
 #include "replication/client.h"
 #include "replication/node.h"
 #include "replication/protocol.h"
+#include "tools/canopy/board.h"
+#include "tools/http/server.h"
 #include "transport/builtin.h"
 
 namespace po = boost::program_options;
@@ -141,10 +143,12 @@ void OnSignal(int) { g_stop = 1; }
 int RunNode(int argc, char** argv) {
   NodeOptions o;
   std::string secret, secret_file, fsync = "always", raft, uri_file, log_level;
+  std::string http_address, http_port_file;
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
   uint32_t heartbeat_ms = 100, failure_ms = 1500;
+  std::string install_fsync = "finish";
   po::options_description d("canopy node options");
   d.add_options()
       ("listen", po::value(&o.listen_uri)->required(),
@@ -175,7 +179,14 @@ int RunNode(int argc, char** argv) {
       ("wal-segment-bytes", po::value(&wal_segment_bytes)->default_value(64 << 20), "WAL segment file size")
       ("heartbeat-ms", po::value(&heartbeat_ms)->default_value(100), "heartbeat interval")
       ("failure-ms", po::value(&failure_ms)->default_value(1500), "a peer silent this long is considered dead")
+      ("install-fsync", po::value(&install_fsync)->default_value("finish"),
+       "snapshot installs (replica catch-up, node join): finish (one fsync per tree once it is complete) or "
+       "each-chunk (fsync after every received chunk; for benchmarks, bench/join.sh)")
       ("uri-file", po::value(&uri_file), "write the served URI to this file once listening")
+      ("http", po::value(&http_address),
+       "serve the bulletin-board HTTP/JSON API on IPv4:port or [IPv6]:port (port 0 picks a free port; it is "
+       "printed and written to --http-port-file); see tools/canopy/board.h")
+      ("http-port-file", po::value(&http_port_file), "write the HTTP port to this file once listening")
       ("log", po::value(&log_level), "log level: debug|info|warn|error (default: $CANOPY_LOG or info)");
   if (!Parse(argc, argv, d, "usage: canopy node --listen URI --data DIR --cluster NAME (--secret S | --secret-file F) "
                             "[--seed URI ...]"))
@@ -184,6 +195,22 @@ int RunNode(int argc, char** argv) {
   auto s = LoadClusterSecret(secret, secret_file);
   if (!s.ok()) throw UsageError(s.status().message());
   o.secret = *s;
+  http::ServerOptions http_options;
+  if (!http_address.empty()) {
+    size_t colon = http_address.rfind(':');
+    std::string host = colon == std::string::npos ? "" : http_address.substr(0, colon);
+    std::string port = colon == std::string::npos ? "" : http_address.substr(colon + 1);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.empty() || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(port) > 65535) {
+      throw UsageError("--http expects IPv4:port or [IPv6]:port, got '" + http_address + "'");
+    }
+    http_options.bind_address = host;
+    http_options.port = static_cast<uint16_t>(std::stoul(port));
+    http_options.server_name = "canopy-board";
+  } else if (!http_port_file.empty()) {
+    throw UsageError("--http-port-file needs --http");
+  }
   auto policy = tree::ParseFsyncPolicy(fsync);
   if (!policy.ok()) throw UsageError(policy.status().message());
   if (!raft.empty() && raft.find(':') == std::string::npos) throw UsageError("--raft expects IPv4:port");
@@ -204,6 +231,10 @@ int RunNode(int argc, char** argv) {
   o.store.checkpoint_every_commits = checkpoint_every;
   o.store.wal_retain_versions = wal_retain;
   o.store.wal_segment_bytes = wal_segment_bytes;
+  if (install_fsync != "finish" && install_fsync != "each-chunk") {
+    throw UsageError("--install-fsync expects finish or each-chunk, got '" + install_fsync + "'");
+  }
+  o.store.install_fsync_each_chunk = install_fsync == "each-chunk";
   o.ring.replication_factor = rf;
   o.ring.vnodes_per_node = vnodes;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
@@ -228,7 +259,48 @@ int RunNode(int argc, char** argv) {
     }
   }
   std::cout << "node " << (*node)->node_id() << " listening on " << (*node)->uri() << std::endl;
+
+  // The bulletin-board API: its own thread, stopped before the node.
+  std::unique_ptr<board::BoardService> board_service;
+  std::unique_ptr<http::Server> http_server;
+  std::thread http_thread;
+  if (!http_address.empty()) {
+    board::BoardOptions bo;
+    bo.node_uri = (*node)->uri();
+    bo.client.cluster = o.cluster;
+    bo.client.secret = o.secret;
+    bo.client.client_id = "board-" + (*node)->node_id();
+    bo.client.timeout = std::chrono::milliseconds(5000);
+    board_service = std::make_unique<board::BoardService>(bo);
+    http_options.limits.max_body_bytes = board_service->max_body_bytes();
+    auto server = http::Server::Listen(http_options, board_service.get());
+    if (!server.ok()) {
+      std::cerr << "canopy node: --http " << http_address << ": " << server.status().ToString() << "\n";
+      (*node)->Stop();
+      return 1;
+    }
+    http_server = std::move(*server);
+    if (!http_port_file.empty()) {
+      Status w = WriteFileAtomic(http_port_file, std::to_string(http_server->port()) + "\n");
+      if (!w.ok()) {
+        std::cerr << "canopy node: " << w.ToString() << "\n";
+        (*node)->Stop();
+        return 1;
+      }
+    }
+    CANOPY_LOG(kInfo, "node {}: bulletin-board HTTP API on {} port {}", (*node)->node_id(), http_options.bind_address,
+               http_server->port());
+    std::cout << "http listening on " << http_options.bind_address << ":" << http_server->port() << std::endl;
+    http_thread = std::thread([&http_server] {
+      Status s = http_server->Run();
+      if (!s.ok()) CANOPY_LOG(kError, "http server stopped: {}", s.ToString());
+    });
+  }
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (http_server) {
+    http_server->Stop();
+    http_thread.join();
+  }
   (*node)->Stop();
   return 0;
 }
@@ -418,6 +490,7 @@ int RunBench(int argc, char** argv) {
   std::string tree, cl = "QUORUM";
   uint64_t count = 1000;
   uint32_t value_bytes = 100;
+  uint64_t reads = 0;
   bool json = false;
   po::options_description d("canopy bench options: N sequential commits, each putting one attribute of the root");
   AddClientOptions(d, a);
@@ -426,6 +499,9 @@ int RunBench(int argc, char** argv) {
       ("cl", po::value(&cl)->default_value("QUORUM"), "consistency level ONE|QUORUM|ALL")
       ("count", po::value(&count)->default_value(1000), "number of commits")
       ("value-bytes", po::value(&value_bytes)->default_value(100), "size of each attribute value")
+      ("reads", po::value(&reads)->default_value(0),
+       "after the commits, this many sequential reads of the root from --node (a read is answered by the node "
+       "asked: consistency ONE); their latency is reported too")
       ("json", po::bool_switch(&json), "print one JSON object");
   if (!Parse(argc, argv, d, "usage: canopy bench --node URI --cluster NAME --secret-file F --tree T")) return 0;
   auto level = ParseConsistencyLevel(cl);
@@ -452,13 +528,32 @@ int RunBench(int argc, char** argv) {
   std::sort(lat_us.begin(), lat_us.end());
   auto pct = [&](double p) { return lat_us.empty() ? 0.0 : lat_us[std::min(lat_us.size() - 1, size_t(p * lat_us.size()))]; };
   double tput = secs > 0 ? count / secs : 0;
+  double commit_p50 = pct(0.50), commit_p99 = pct(0.99);
+  lat_us.clear();
+  for (uint64_t i = 0; i < reads; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = c->Read(ReadRequest{tree, 0, {}});
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    if (int rc = ReportStatus(r->status, "bench")) return rc;
+    lat_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(lat_us.begin(), lat_us.end());
   if (json) {
     nlohmann::json j{{"cl", cl}, {"count", count}, {"value_bytes", value_bytes}, {"seconds", secs},
-                     {"commits_per_s", tput}, {"p50_us", pct(0.50)}, {"p99_us", pct(0.99)}};
+                     {"commits_per_s", tput}, {"p50_us", commit_p50}, {"p99_us", commit_p99}};
+    if (reads > 0) {
+      j["reads"] = reads;
+      j["read_p50_us"] = pct(0.50);
+      j["read_p99_us"] = pct(0.99);
+    }
     std::cout << j.dump() << "\n";
   } else {
     std::printf("%s: %lu commits of %u bytes in %.3f s: %.0f commits/s, p50 %.0f us, p99 %.0f us\n", cl.c_str(),
-                static_cast<unsigned long>(count), value_bytes, secs, tput, pct(0.50), pct(0.99));
+                static_cast<unsigned long>(count), value_bytes, secs, tput, commit_p50, commit_p99);
+    if (reads > 0) {
+      std::printf("reads: %lu of the root, p50 %.0f us, p99 %.0f us\n", static_cast<unsigned long>(reads), pct(0.50),
+                  pct(0.99));
+    }
   }
   return 0;
 }

@@ -326,6 +326,7 @@ int main(int argc, char** argv) {
     double timeout_s = 10;
     bool json = false;
     std::string method = "GET";
+    std::string body;
     std::vector<std::string> header_args;
     std::string url_text;
     po::options_description desc(
@@ -339,7 +340,9 @@ int main(int argc, char** argv) {
         ("keep-alive,k", po::bool_switch(&keep_alive), "reuse connections (HTTP keep-alive)")
         ("duration,d", po::value(&duration_s)->default_value(duration_s), "stop after this many seconds at most")
         ("timeout", po::value(&timeout_s)->default_value(timeout_s), "seconds one request may take before it counts as an error")
-        ("method", po::value(&method)->default_value(method), "request method (GET or HEAD)")
+        ("method", po::value(&method)->default_value(method), "request method (GET, HEAD, POST or PUT)")
+        ("body", po::value(&body), "request body sent with every request (POST/PUT; Content-Length is added; set "
+         "Content-Type with -H)")
         ("header,H", po::value(&header_args), "extra request header 'Name: value' (repeatable)")
         ("json", po::bool_switch(&json), "print the result as one JSON object")
         ("url", po::value(&url_text), "the http:// URL (also positional)");
@@ -356,7 +359,10 @@ int main(int argc, char** argv) {
     if (requests < 1 || connections < 1 || threads < 1) throw std::runtime_error("-n, -c and -t must be at least 1");
     if (threads > connections) throw std::runtime_error("-t must not exceed -c");
     if (duration_s <= 0 || timeout_s <= 0) throw std::runtime_error("--duration and --timeout must be positive");
-    if (method != "GET" && method != "HEAD") throw std::runtime_error("--method must be GET or HEAD");
+    if (method != "GET" && method != "HEAD" && method != "POST" && method != "PUT") {
+      throw std::runtime_error("--method must be GET, HEAD, POST or PUT");
+    }
+    if (vm.count("body") && method != "POST" && method != "PUT") throw std::runtime_error("--body needs --method POST or PUT");
     if (connections > requests) connections = static_cast<int>(requests);
     if (threads > connections) threads = connections;
 
@@ -382,7 +388,8 @@ int main(int argc, char** argv) {
     config.address = *address;
     config.keep_alive = keep_alive;
     config.head_method = method == "HEAD";
-    config.request = http::BuildRequest(method, *url, extra, keep_alive, "canopy-load/0.1");
+    if (method == "POST" || method == "PUT") extra.Add("Content-Length", std::to_string(body.size()));
+    config.request = http::BuildRequest(method, *url, extra, keep_alive, "canopy-load/0.1") + body;
     config.timeout_ns = static_cast<uint64_t>(timeout_s * 1e9);
     auto start = Clock::now();
     config.end = start + std::chrono::nanoseconds(static_cast<int64_t>(duration_s * 1e9));

@@ -1,0 +1,226 @@
+// The bulletin-board HTTP API of `canopy node --http` (tools/canopy/board.h)
+// on 3-node clusters on 127.0.0.1: boards and messages written through one
+// node are read back through another, every error status, a write at ALL
+// with a node SIGKILLed, and tools/load posting with --method POST --body.
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/cluster_harness.h"
+#include "tests/http_test_util.h"
+
+namespace canopy::testing {
+namespace {
+
+using nlohmann::json;
+
+class BoardCluster {
+ public:
+  explicit BoardCluster(size_t nodes) : nodes_(nodes) {}
+
+  // Adds and starts the nodes one by one (each seeded with the ones before)
+  // and reads their HTTP ports.
+  bool Start() {
+    for (size_t i = 0; i < nodes_; ++i) {
+      std::string port_file = cluster_.dir() + "/http" + std::to_string(i + 1) + ".port";
+      port_files_.push_back(port_file);
+      cluster_.AddNode({"--http", "127.0.0.1:0", "--http-port-file", port_file});
+      if (!cluster_.Start(i)) return false;
+      std::string text;
+      if (!WaitUntil([&] {
+            auto t = ReadFileToString(port_files_[i]);
+            if (t.ok()) text = *t;
+            return t.ok() && !text.empty();
+          }, std::chrono::seconds(10))) {
+        ADD_FAILURE() << "no HTTP port file from node " << i + 1 << "; log:\n" << cluster_.Log(i);
+        return false;
+      }
+      ports_.push_back(static_cast<uint16_t>(std::stoul(text)));
+    }
+    return cluster_.WaitForMembers(cluster_.size());
+  }
+
+  RawResponse Call(size_t node, const std::string& method, const std::string& target, const std::string& body = "",
+                   const std::string& extra_headers = "") {
+    std::string request = method + " " + target + " HTTP/1.1\r\nHost: t\r\nConnection: close\r\n" + extra_headers;
+    if (method == "POST" || method == "PUT") request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    request += "\r\n" + body;
+    RawResponse r;
+    EXPECT_TRUE(RoundTrip(ports_.at(node), request, &r)) << method << " " << target << " to node " << node + 1;
+    return r;
+  }
+
+  static json Body(const RawResponse& r) { return json::parse(r.body, nullptr, false); }
+
+  TestCluster& cluster() { return cluster_; }
+  uint16_t port(size_t i) const { return ports_.at(i); }
+
+ private:
+  size_t nodes_;
+  TestCluster cluster_;
+  std::vector<std::string> port_files_;
+  std::vector<uint16_t> ports_;
+};
+
+std::string Message(const std::string& author, const std::string& text) {
+  return json{{"author", author}, {"text", text}}.dump();
+}
+
+TEST(BulletinTest, PostedOnOneNodeListedOnAnother) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  auto created = b.Call(0, "POST", "/boards", R"({"name": "news"})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  EXPECT_EQ(BoardCluster::Body(created)["owners"].size(), 3u);
+  for (int i = 1; i <= 5; ++i) {
+    auto posted = b.Call(0, "POST", "/boards/news/messages?cl=QUORUM", Message("ann", "hello " + std::to_string(i)));
+    ASSERT_EQ(posted.status, 201) << posted.body;
+    json j = BoardCluster::Body(posted);
+    EXPECT_EQ(j["id"], i);
+    EXPECT_EQ(j["version"], i);
+    EXPECT_GE(j["acks"].get<int>(), 2);
+  }
+  // Node 2 reads at ONE from its own replica: wait (bounded) for all five.
+  json listed;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto r = b.Call(1, "GET", "/boards/news/messages");
+    if (r.status != 200) return false;
+    listed = BoardCluster::Body(r);
+    return listed["count"] == 5;
+  }, std::chrono::seconds(10))) << listed.dump();
+  ASSERT_EQ(listed["messages"].size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(listed["messages"][i]["id"], i + 1);
+    EXPECT_EQ(listed["messages"][i]["author"], "ann");
+    EXPECT_EQ(listed["messages"][i]["text"], "hello " + std::to_string(i + 1));
+  }
+  // Paging from node 3.
+  json page;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto r = b.Call(2, "GET", "/boards/news/messages?after=2&limit=2");
+    if (r.status != 200) return false;
+    page = BoardCluster::Body(r);
+    return page["count"] == 5;
+  }, std::chrono::seconds(10))) << page.dump();
+  ASSERT_EQ(page["messages"].size(), 2u);
+  EXPECT_EQ(page["messages"][0]["text"], "hello 3");
+  EXPECT_EQ(page["messages"][1]["text"], "hello 4");
+  EXPECT_EQ(page["next_after"], 4);
+  // The board list, from another node.
+  json boards;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto r = b.Call(2, "GET", "/boards");
+    boards = BoardCluster::Body(r);
+    return r.status == 200 && boards["boards"] == json::array({"news"});
+  }, std::chrono::seconds(10))) << boards.dump();
+}
+
+TEST(BulletinTest, ErrorStatuses) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "errs"})").status, 201);
+  // 400: malformed JSON, not an object, missing / wrong-typed / empty fields, bad names and parameters.
+  EXPECT_EQ(b.Call(0, "POST", "/boards", "{not json").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards", "[1, 2]").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards", R"({"title": "x"})").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards", R"({"name": "bad/name"})").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages", R"({"author": "a")").status, 400);
+  auto missing = b.Call(0, "POST", "/boards/errs/messages", R"({"author": "a"})");
+  EXPECT_EQ(missing.status, 400);
+  EXPECT_NE(missing.body.find("text"), std::string::npos) << missing.body;
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages", R"({"author": "a", "text": 7})").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages", R"({"author": "", "text": "x"})").status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages?cl=SOME", Message("a", "x")).status, 400);
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages?timeout_ms=0", Message("a", "x")).status, 400);
+  EXPECT_EQ(b.Call(0, "GET", "/boards/errs/messages?limit=0").status, 400);
+  EXPECT_EQ(b.Call(0, "GET", "/boards/errs/messages?after=-1").status, 400);
+  // 404: unknown board (read and write) and unknown resource.
+  EXPECT_EQ(b.Call(0, "GET", "/boards/nosuch/messages").status, 404);
+  EXPECT_EQ(b.Call(1, "POST", "/boards/nosuch/messages", Message("a", "x")).status, 404);
+  EXPECT_EQ(b.Call(0, "GET", "/elsewhere").status, 404);
+  // 405 with Allow.
+  auto wrong = b.Call(0, "DELETE", "/boards/errs/messages");
+  EXPECT_EQ(wrong.status, 405);
+  ASSERT_NE(wrong.headers.Find("Allow"), nullptr);
+  EXPECT_EQ(*wrong.headers.Find("Allow"), "GET, POST");
+  EXPECT_EQ(b.Call(0, "PUT", "/boards", "{}").status, 405);
+  // 413: a field over its limit, and a body over the server's limit.
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages", Message("a", std::string(5000, 'x'))).status, 413);
+  EXPECT_EQ(b.Call(0, "POST", "/boards/errs/messages", Message("a", std::string(100000, 'x'))).status, 413);
+  // 409: the board exists (also when asked through another node).
+  EXPECT_EQ(b.Call(1, "POST", "/boards", R"({"name": "errs"})").status, 409);
+  // Nothing above was posted (node 1 reads at ONE: wait until its replica has the board).
+  RawResponse list;
+  ASSERT_TRUE(WaitUntil([&] {
+    list = b.Call(0, "GET", "/boards/errs/messages");
+    return list.status == 200;
+  }, std::chrono::seconds(10))) << list.status << " " << list.body;
+  EXPECT_EQ(BoardCluster::Body(list)["count"], 0);
+}
+
+TEST(BulletinTest, AllFailsWithANodeKilledAndTheNodeKeepsServing) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "alltest"})").status, 201);
+  ASSERT_EQ(b.Call(0, "POST", "/boards/alltest/messages?cl=ALL", Message("a", "before")).status, 201);
+  auto state = b.cluster().TreeState(0, "board.alltest");
+  ASSERT_TRUE(state.has_value());
+  size_t leader = b.cluster().IndexOfId(state->leader);
+  ASSERT_LT(leader, 3u);
+  size_t victim = (leader + 1) % 3;
+  size_t serving = (leader + 2) % 3;
+  b.cluster().Kill(victim);
+
+  auto failed = b.Call(serving, "POST", "/boards/alltest/messages?cl=ALL&timeout_ms=500", Message("a", "at all"));
+  EXPECT_EQ(failed.status, 504) << failed.body;
+  json j = BoardCluster::Body(failed);
+  ASSERT_TRUE(j.is_object()) << failed.body;
+  EXPECT_NE(j["error"].get<std::string>().find("ALL"), std::string::npos) << failed.body;
+  EXPECT_EQ(j["acks"], 2);
+  EXPECT_EQ(j["committed_on_leader"], true);
+
+  // The node keeps serving: QUORUM writes succeed and reads answer.
+  auto quorum = b.Call(serving, "POST", "/boards/alltest/messages?cl=QUORUM", Message("a", "at quorum"));
+  EXPECT_EQ(quorum.status, 201) << quorum.body;
+  json listed;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto r = b.Call(serving, "GET", "/boards/alltest/messages");
+    listed = BoardCluster::Body(r);
+    return r.status == 200 && listed["count"] == 3;
+  }, std::chrono::seconds(10))) << listed.dump();
+  EXPECT_EQ(listed["messages"][2]["text"], "at quorum");
+  EXPECT_EQ(b.Call(leader, "GET", "/boards").status, 200);
+}
+
+TEST(BulletinTest, LoadPostsMessages) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "loaded"})").status, 201);
+  std::string url = "http://127.0.0.1:" + std::to_string(b.port(0)) + "/boards/loaded/messages?cl=QUORUM";
+  std::string output;
+  int rc = RunCommand(BinaryPath("tools/load/load") + " -n 40 -c 4 -t 2 -k --json --method POST --body '" +
+                          Message("loadgen", "hi") + "' -H 'Content-Type: application/json' '" + url + "'",
+                      &output);
+  ASSERT_EQ(rc, 0) << output;
+  json r = json::parse(output, nullptr, false);
+  ASSERT_TRUE(r.is_object()) << output;
+  EXPECT_EQ(r["errors"]["total"], 0) << output;
+  EXPECT_EQ(r["status_codes"]["201"], 40) << output;
+  // Reads are at ONE: node 1 may be a replica a few versions behind.
+  json l;
+  ASSERT_TRUE(WaitUntil([&] {
+    auto list = b.Call(0, "GET", "/boards/loaded/messages?limit=200");
+    l = BoardCluster::Body(list);
+    return list.status == 200 && l["count"] == 40;
+  }, std::chrono::seconds(10))) << l.dump();
+  ASSERT_EQ(l["messages"].size(), 40u);
+  EXPECT_EQ(l["messages"][39]["author"], "loadgen");
+  // --body without POST/PUT is a usage error.
+  std::string usage;
+  EXPECT_NE(RunCommand(BinaryPath("tools/load/load") + " -n 1 --body x '" + url + "'", &usage), 0);
+  EXPECT_NE(usage.find("--body needs --method POST or PUT"), std::string::npos) << usage;
+}
+
+}  // namespace
+}  // namespace canopy::testing
