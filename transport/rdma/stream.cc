@@ -85,7 +85,7 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       auto decoded = DecodeFrameHeader(std::string_view(header_, kFrameHeaderSize), max_payload_);
       if (!decoded.ok()) return decoded.status();
       frame_ = *decoded;
-      payload_.assign(frame_.payload_len, '\0');
+      payload_.clear();  // grows with the bytes that arrive (see below)
       payload_have_ = 0;
     }
   }
@@ -97,8 +97,12 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       return Status::Corruption(fmt::format("rdma: {} item in the middle of a {}-byte payload",
                                             ItemKindName(item->kind), frame_.payload_len));
     }
-    payload_have_ +=
-        stream.ReadData(payload_.data() + payload_have_, frame_.payload_len - payload_have_, released);
+    // Grow at most doubling (from 64 KiB) instead of allocating the announced
+    // length up front: a header alone must not make us allocate up to
+    // max_message_bytes (the same rule as the TCP backend).
+    size_t target = std::min<size_t>(frame_.payload_len, std::max<size_t>(payload_have_ * 2, size_t{64} << 10));
+    if (payload_.size() < target) payload_.resize(target);
+    payload_have_ += stream.ReadData(payload_.data() + payload_have_, target - payload_have_, released);
   }
   CANOPY_RETURN_IF_ERROR(VerifyFramePayload(frame_, payload_));
   Message message;
