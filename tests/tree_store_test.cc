@@ -161,6 +161,69 @@ TEST(TreeStore, ReplicaAppliesTheLeadersDeltas) {
   EXPECT_EQ(*replica->LatestVersion("t"), 30u);
 }
 
+// A replica's stream reads the deltas after the version it was last sent,
+// batch after batch, while commits go on; the store resumes each read where
+// the last one stopped. Every batch must still be exactly the next deltas,
+// across segment ends, and after a snapshot install replaced the WAL (the
+// remembered positions then point into other files).
+TEST(TreeStore, ReadDeltasSinceResumesWhereTheLastReadStopped) {
+  TempDir tmp;
+  StoreOptions o = Opts();
+  o.wal_segment_bytes = 4096;  // a few segments, each holding many deltas
+  auto store = OpenOrDie(tmp.path(), o);
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  std::vector<std::string> committed;
+  uint64_t sent = 0;
+  auto stream_catch_up = [&](size_t max_bytes) {
+    for (int guard = 0; guard < 1000 && sent < committed.size(); ++guard) {
+      auto batch = store->ReadDeltasSince("t", sent, max_bytes);
+      ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+      ASSERT_FALSE(batch->empty());
+      for (const std::string& d : *batch) {
+        ASSERT_LT(sent, committed.size());
+        ASSERT_EQ(d, committed[sent]) << "delta after version " << sent;
+        ++sent;
+      }
+    }
+    ASSERT_EQ(sent, committed.size());
+  };
+  for (int i = 0; i < 200; ++i) {
+    committed.push_back(CommitNumbered(*store, "t", std::string(static_cast<size_t>(i % 50), 'v'))->encoded_delta);
+    if (i % 3 == 0) stream_catch_up(i % 2 == 0 ? 1 : 200);
+  }
+  stream_catch_up(1 << 20);
+  EXPECT_GT(Files(tmp.path() + "/trees/t", "wal-").size(), 2u);
+  // A second reader behind the first, and a re-read of an old position.
+  auto again = store->ReadDeltasSince("t", 100);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, std::vector<std::string>(committed.begin() + 100, committed.end()));
+  auto early = store->ReadDeltasSince("t", 3, 1);
+  ASSERT_TRUE(early.ok());
+  ASSERT_EQ(early->size(), 1u);
+  EXPECT_EQ((*early)[0], committed[3]);
+
+  // Replace the tree by a snapshot of a different history at version 150,
+  // then commit on: the positions remembered for versions >= 150 are stale.
+  TempDir other_dir;
+  auto other = OpenOrDie(other_dir.path(), o);
+  ASSERT_TRUE(other->CreateTree("t").ok());
+  for (int i = 0; i < 150; ++i) ASSERT_TRUE(CommitNumbered(*other, "t", "other history").ok());
+  {
+    auto inst = store->BeginSnapshotInstall("t");
+    ASSERT_TRUE(inst.ok()) << inst.status().ToString();
+    SnapshotWriter w(*other->Latest("t"), 4096);
+    while (auto c = w.Next()) ASSERT_TRUE((*inst)->AddChunk(*c).ok());
+    ASSERT_TRUE((*inst)->Finish().ok());
+  }
+  std::vector<std::string> fresh;
+  for (int i = 0; i < 80; ++i) fresh.push_back(CommitNumbered(*store, "t", "fresh")->encoded_delta);
+  for (uint64_t from : {150u, 160u, 199u, 229u}) {
+    auto r = store->ReadDeltasSince("t", from);
+    ASSERT_TRUE(r.ok()) << "from " << from << ": " << r.status().ToString();
+    EXPECT_EQ(*r, std::vector<std::string>(fresh.begin() + static_cast<long>(from - 150), fresh.end())) << from;
+  }
+}
+
 TEST(TreeStore, ReadDeltasSinceAndTruncation) {
   TempDir tmp;
   StoreOptions o = Opts();

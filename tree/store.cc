@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -83,6 +84,41 @@ struct TreeState {
   uint64_t commits_since_checkpoint = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
+
+  // Where recent ReadDeltasSince calls stopped: the version reached, the WAL
+  // segment and the offset of the record after it. A replica's stream asks
+  // for the deltas after the version it was last sent, so its next read
+  // starts there instead of decoding the segment from its beginning (which
+  // made every streamed commit cost O(segment)). A stale entry (the segment
+  // rewritten or gone) only costs one full scan. Guarded by cursor_mu, a leaf
+  // lock taken with no other held.
+  struct WalCursor {
+    uint64_t version = 0;
+    std::string path;
+    uint64_t offset = 0;
+  };
+  std::mutex cursor_mu;
+  std::array<WalCursor, 8> cursors;
+  size_t next_cursor = 0;
+
+  uint64_t FindCursor(uint64_t version, const std::string& path) {
+    std::lock_guard lk(cursor_mu);
+    for (const WalCursor& c : cursors) {
+      if (c.offset > 0 && c.version == version && c.path == path) return c.offset;
+    }
+    return 0;
+  }
+  void RememberCursor(uint64_t version, const std::string& path, uint64_t offset) {
+    std::lock_guard lk(cursor_mu);
+    for (WalCursor& c : cursors) {
+      if (c.version == version && c.path == path) {
+        c.offset = offset;
+        return;
+      }
+    }
+    cursors[next_cursor] = WalCursor{version, path, offset};
+    next_cursor = (next_cursor + 1) % cursors.size();
+  }
 };
 
 std::string TreeLabel(const TreeState& t) { return "tree '" + t.name + "'"; }
@@ -322,18 +358,35 @@ class StoreImpl final : public Store {
     uint64_t expected_base = version;
     size_t bytes = 0;
     const Status stop = Status::Aborted("enough");
+    std::string cursor_path;  // where the last delta handed out ends
+    uint64_t cursor_offset = 0;
     for (; i < segments.size(); ++i) {
       const WalSegment& seg = segments[i];
       if (seg.first_version > expected_base + 1) break;  // a gap: the rest is not contiguous
-      auto scan = ScanSegment(seg.path, seg.bytes, [&](const Delta& d, std::string_view enc) -> Status {
-        if (d.new_version <= expected_base) return Status::Ok();
-        if (d.base_version != expected_base) return stop;
-        out.emplace_back(enc);
-        expected_base = d.new_version;
-        bytes += enc.size();
-        if (bytes >= max_bytes || expected_base >= latest) return stop;
-        return Status::Ok();
-      });
+      // The first segment may be entered where an earlier read stopped.
+      uint64_t start = out.empty() ? t->FindCursor(expected_base, seg.path) : 0;
+      Result<SegmentScan> scan = SegmentScan{};
+      for (;;) {
+        const size_t had = out.size();
+        uint64_t pos = start;
+        scan = ScanSegment(
+            seg.path, seg.bytes,
+            [&](const Delta& d, std::string_view enc) -> Status {
+              pos += enc.size();
+              if (d.new_version <= expected_base) return Status::Ok();
+              if (d.base_version != expected_base) return stop;
+              out.emplace_back(enc);
+              expected_base = d.new_version;
+              bytes += enc.size();
+              cursor_path = seg.path;
+              cursor_offset = pos;
+              if (bytes >= max_bytes || expected_base >= latest) return stop;
+              return Status::Ok();
+            },
+            start);
+        if (start == 0 || out.size() > had) break;
+        start = 0;  // the cursor led nowhere (stale): read the segment whole
+      }
       if (!scan.ok() && scan.status().code() != StatusCode::kAborted) {
         if (scan.status().IsNotFound()) return not_retained();  // segment deleted meanwhile
         return scan.status();
@@ -341,6 +394,7 @@ class StoreImpl final : public Store {
       if (!scan.ok() || bytes >= max_bytes || expected_base >= latest) break;
     }
     if (out.empty()) return not_retained();
+    if (cursor_offset > 0) t->RememberCursor(expected_base, cursor_path, cursor_offset);
     return out;
   }
 

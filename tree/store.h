@@ -74,8 +74,9 @@ struct StoreOptions {
   size_t snapshot_chunk_bytes = kDefaultSnapshotChunkBytes;
   // Benchmark knob: a SnapshotInstaller fsyncs its file after every chunk
   // (as an installer that makes each received piece durable on arrival
-  // would) instead of once in Finish(). Off by default; bench/join.sh uses
-  // it to show what per-piece fsync costs a node join.
+  // would) instead of once in Finish(). Off by default; `canopy node
+  // --install-fsync each-chunk` turns it on to measure what per-piece fsync
+  // costs a node join.
   bool install_fsync_each_chunk = false;
 };
 
@@ -150,6 +151,10 @@ class Store {
   // NotFound if the WAL no longer holds the delta right after `version`
   // (truncated after a checkpoint, or a snapshot was installed since);
   // InvalidArgument if `version` is newer than the newest version.
+  // Cost: a read that continues where an earlier one stopped (a replica
+  // stream asking for what follows the version it was last sent) starts at
+  // that WAL position, so it costs the deltas returned, not the segment; any
+  // other start scans its segment from the beginning.
   virtual Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                            size_t max_bytes = 64 << 20) const = 0;
 

@@ -73,7 +73,11 @@ Result<std::string_view> BufferedFileReader::Peek(size_t n) {
       pos_ = 0;
       end_ = have;
     }
-    size_t want = std::max<size_t>(n, 1 << 20);
+    // Read ahead up to 1 MiB, but not past the end of the data: a scan that
+    // starts near the end (a replica stream's next delta) must not allocate
+    // and zero a megabyte for a few hundred bytes.
+    const uint64_t left = end_of_data_ > file_pos_ ? end_of_data_ - file_pos_ : 0;
+    size_t want = std::max<size_t>(n, static_cast<size_t>(std::min<uint64_t>(have + left, 1 << 20)));
     if (buf_.size() < want) buf_.resize(want);
     while (end_ < n && file_pos_ < limit_) {
       size_t room = buf_.size() - end_;
@@ -92,11 +96,23 @@ void BufferedFileReader::Skip(size_t n) {
   offset_ += n;
 }
 
+Status BufferedFileReader::SeekTo(uint64_t offset) {
+  if (::lseek(fd_.get(), static_cast<off_t>(offset), SEEK_SET) < 0) {
+    return ErrnoStatus(errno, "lseek " + path_);
+  }
+  offset_ = file_pos_ = offset;
+  pos_ = end_ = 0;
+  return Status::Ok();
+}
+
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
-                                const std::function<Status(const Delta&, std::string_view)>& record) {
+                                const std::function<Status(const Delta&, std::string_view)>& record,
+                                uint64_t start_offset) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path, limit);
+  if (start_offset > 0) CANOPY_RETURN_IF_ERROR(in.SeekTo(start_offset));
   SegmentScan scan;
+  scan.valid_bytes = start_offset;
   for (;;) {
     CANOPY_ASSIGN_OR_RETURN(std::string_view head, in.Peek(8));
     if (head.empty()) break;  // clean end

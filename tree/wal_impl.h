@@ -33,6 +33,8 @@ class BufferedFileReader {
   // Up to n bytes from the current position (fewer only at end of file/limit).
   Result<std::string_view> Peek(size_t n);
   void Skip(size_t n);
+  // Moves to file offset `offset` (before the first Peek only).
+  Status SeekTo(uint64_t offset);
   uint64_t offset() const { return offset_; }
   // Bytes from the current position to the end of the file (or the limit),
   // as of when the reader was made: what a length field may claim at most.
@@ -64,11 +66,15 @@ struct SegmentScan {
 };
 
 // Calls `record(delta, encoded)` for each good record of the file, up to
-// `limit` bytes. Stops at the first record that is partial, fails its CRC or
-// does not decode (torn = true). A non-ok Status from `record` stops the scan
-// and is returned as is. IO errors are returned as errors.
+// `limit` bytes (a file offset). Stops at the first record that is partial,
+// fails its CRC or does not decode (torn = true). A non-ok Status from
+// `record` stops the scan and is returned as is. IO errors are returned as
+// errors. `start_offset` skips the bytes before it unread: it must be a record
+// boundary (0, or the end of a record an earlier scan of this file passed to
+// `record`, i.e. its start plus encoded.size()); anything else reads as torn.
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
-                                const std::function<Status(const Delta&, std::string_view)>& record);
+                                const std::function<Status(const Delta&, std::string_view)>& record,
+                                uint64_t start_offset = 0);
 
 // Appends records to the active segment of one tree. Not thread-safe: the
 // owner serialises calls (the tree mutex).
