@@ -97,6 +97,12 @@ struct Node::Impl {
   std::map<std::string, TreeReplication> trees;
   std::vector<std::string> unresolved_seeds;
 
+  // ---- STATUS digests, guarded by digest_mu (never held with mu) ----
+  // Digest() walks the whole tree; STATUS is polled, so each tree's digest
+  // is computed once per version, outside mu.
+  std::mutex digest_mu;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> digest_cache;  // tree -> (version, digest)
+
   // ---- threads and connections, guarded by threads_mu ----
   std::mutex threads_mu;
   struct Worker {
@@ -538,6 +544,10 @@ struct Node::Impl {
                                                    peer.node_id, sub.epoch, sub.tree, epoch)));
       return Status::Ok();
     }
+    if (!trusted) {
+      std::lock_guard<std::mutex> lock(mu);
+      trees[sub.tree].acked.erase(peer.node_id);  // an earlier stream's claim is void too
+    }
     CANOPY_LOG(kInfo, "node {}: replica {} subscribed to {} at version {} (data epoch {}, leader epoch {}{})",
                node_id, peer.node_id, sub.tree, sub.have_version, sub.data_epoch, epoch,
                trusted ? "" : ", history not ours: resync by snapshot");
@@ -577,8 +587,9 @@ struct Node::Impl {
           break;
         }
         std::lock_guard<std::mutex> lock(mu);
-        uint64_t& v = trees[sub.tree].acked[peer.node_id];
-        v = ack->durable_version;
+        // A replica whose history is not ours reports its own durable
+        // version until our snapshot replaced it: liveness only, no claim.
+        if (trusted || ack->snapshots_installed > 0) trees[sub.tree].acked[peer.node_id] = ack->durable_version;
         last_heard[peer.node_id] = Clock::now();
         cv.notify_all();
       } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
@@ -780,10 +791,11 @@ struct Node::Impl {
     CANOPY_LOG(kInfo, "node {}: now the leader of {} at epoch {} (version {})", node_id, tree_name, *epoch, my_version);
   }
 
-  Status SendAck(transport::Connection& conn, const std::string& tree_name, uint64_t epoch, uint64_t* last_acked) {
+  Status SendAck(transport::Connection& conn, const std::string& tree_name, uint64_t epoch,
+                 uint64_t snapshots_installed, uint64_t* last_acked) {
     uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
     *last_acked = durable;
-    return SendMessage(conn, Ack{tree_name, epoch, durable});
+    return SendMessage(conn, Ack{tree_name, epoch, durable, snapshots_installed});
   }
 
   Status FollowOnce(const std::string& tree_name, const Leadership& l, const std::string& leader_uri) {
@@ -811,7 +823,8 @@ struct Node::Impl {
     }
     CANOPY_RETURN_IF_ERROR(SendMessage(conn, Subscribe{tree_name, epoch, have, node_id, data_epoch}));
     uint64_t last_acked = 0;
-    CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, &last_acked));
+    uint64_t snapshots_installed = 0;  // on this stream
+    CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
     std::unique_ptr<tree::SnapshotInstaller> installer;
     uint64_t expected_chunk = 0;
     auto last_message = Clock::now();
@@ -838,7 +851,7 @@ struct Node::Impl {
           std::lock_guard<std::mutex> lock(mu);
           if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
         }
-        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, &last_acked));  // keepalive + durable progress
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));  // keepalive + durable progress
         continue;
       }
       last_message = Clock::now();
@@ -855,7 +868,7 @@ struct Node::Impl {
           auto applied = store->ApplyEncodedDelta(d.delta);
           if (!applied.ok()) return applied.status().WithContext("applying delta " + std::to_string(d.new_version));
           if (applied->version != d.new_version) return Status::Corruption("delta version does not match its header");
-          CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, &last_acked));
+          CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
           break;
         }
         case MessageType::kSnapshotBegin: {
@@ -879,7 +892,7 @@ struct Node::Impl {
           // dropped after failure_timeout and restarted from scratch. Repeat
           // the last ACK (no new durability claim) once per heartbeat.
           if (Clock::now() - last_keepalive >= options.heartbeat_interval) {
-            CANOPY_RETURN_IF_ERROR(SendMessage(conn, Ack{tree_name, epoch, last_acked}));
+            CANOPY_RETURN_IF_ERROR(SendMessage(conn, Ack{tree_name, epoch, last_acked, snapshots_installed}));
             last_keepalive = Clock::now();
           }
           break;
@@ -896,8 +909,9 @@ struct Node::Impl {
             std::lock_guard<std::mutex> lock(mu);
             ++trees[tree_name].snapshots_received;
           }
+          ++snapshots_installed;
           CANOPY_LOG(kInfo, "node {}: installed snapshot of {} at version {}", node_id, tree_name, v.number());
-          CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, &last_acked));
+          CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
           break;
         }
         case MessageType::kHeartbeat: {
@@ -911,7 +925,9 @@ struct Node::Impl {
             if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
           }
           uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
-          if (durable != last_acked) CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, &last_acked));
+          if (durable != last_acked) {
+            CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+          }
           break;
         }
         default:
@@ -1158,7 +1174,23 @@ struct Node::Impl {
     reply.node_id = node_id;
     reply.replication_factor = options.ring.replication_factor;
     reply.vnodes = options.ring.vnodes_per_node;
-    std::lock_guard<std::mutex> lock(mu);
+    std::vector<tree::Version> latest;  // parallel to reply.trees; digests filled in after mu is released
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      FillStatusLocked(&reply, &latest);
+    }
+    std::lock_guard<std::mutex> lock(digest_mu);
+    for (size_t i = 0; i < reply.trees.size(); ++i) {
+      if (latest[i].tree().empty()) continue;
+      auto& cached = digest_cache[reply.trees[i].tree];
+      if (cached.second == 0 || cached.first != latest[i].number()) cached = {latest[i].number(), latest[i].Digest()};
+      reply.trees[i].digest = Hex64(cached.second);
+    }
+    return reply;
+  }
+
+  void FillStatusLocked(StatusReply* out, std::vector<tree::Version>* latest) {
+    StatusReply& reply = *out;
     for (const auto& [id, u] : members) reply.nodes.push_back({id, u, AliveLocked(id)});
     std::set<std::string> names = known_trees;
     for (const auto& t : store->ListTrees()) names.insert(t);
@@ -1171,11 +1203,9 @@ struct Node::Impl {
       t.epoch = l.epoch;
       bool owner = std::find(t.owners.begin(), t.owners.end(), node_id) != t.owners.end();
       t.role = t.leader == node_id ? "leader" : owner ? "replica" : "none";
-      if (store->HasTree(name)) {
-        t.durable_version = store->DurableVersion(name).value_or(0);
-        auto v = store->Latest(name);
-        if (v.ok()) t.digest = Hex64(v->Digest());
-      }
+      if (store->HasTree(name)) t.durable_version = store->DurableVersion(name).value_or(0);
+      auto v = store->Latest(name);  // NotFound for a tree this node does not hold
+      latest->push_back(v.ok() ? *v : tree::Version());
       auto it = trees.find(name);
       if (it != trees.end()) {
         t.replica_versions = it->second.acked;
@@ -1184,7 +1214,6 @@ struct Node::Impl {
       }
       reply.trees.push_back(std::move(t));
     }
-    return reply;
   }
 
   CreateTreeReply HandleCreateTree(const CreateTreeRequest& req) {

@@ -406,6 +406,7 @@ std::string Encode(const Ack& m) {
   w.Bytes(m.tree);
   w.U64(m.epoch);
   w.U64(m.durable_version);
+  w.U64(m.snapshots_installed);
   return w.Finish();
 }
 Result<Ack> DecodeAck(std::string_view payload) {
@@ -414,6 +415,7 @@ Result<Ack> DecodeAck(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.durable_version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.snapshots_installed, r.U64());
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

@@ -45,7 +45,7 @@ namespace canopy::replication {
 
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: ACK carries snapshots_installed
 inline constexpr size_t kNonceBytes = 32;
 inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
 
@@ -164,10 +164,17 @@ struct Delta {
   bool operator==(const Delta&) const = default;
 };
 
+// Replica -> leader on a stream: how far the replica's copy of `tree` is
+// durable. `snapshots_installed` counts the snapshots this stream has
+// installed so far: a leader that found the replica's history divergent at
+// SUBSCRIBE must not count durable_version toward a consistency level until
+// it is non-zero (before that the number describes the replica's own,
+// discarded history, not the leader's).
 struct Ack {
   std::string tree;
   uint64_t epoch = 0;
   uint64_t durable_version = 0;
+  uint64_t snapshots_installed = 0;
   bool operator==(const Ack&) const = default;
 };
 

@@ -64,6 +64,7 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(SnapshotEnd{"t", 1, 77, 6}, &DecodeSnapshotEnd);
   RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
   RoundTrip(Ack{"t", 2, 10}, &DecodeAck);
+  RoundTrip(Ack{"t", 2, 10, 1}, &DecodeAck);
   Heartbeat hb{"1", 42, {{"a", 1, 5}, {"b", 3, 0}}, {{"1", "tcp://127.0.0.1:1"}, {"2", "tcp://127.0.0.1:2"}}, "127.0.0.1:7101"};
   RoundTrip(hb, &DecodeHeartbeat);
   RoundTrip(ErrorMessage{StatusCode::kPermissionDenied, "wrong secret"}, &DecodeError);
