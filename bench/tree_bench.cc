@@ -2,6 +2,9 @@
 // throughput next to memcpy of the same bytes, and memory per node.
 //
 //   tree_bench --dir /dev/shm --seconds 2 --json
+//   tree_bench --codec-only --snapshot-nodes 20000 --memory-nodes 20000 --json
+//     (only the memory figure and the two codec-vs-memcpy measurements: no
+//      install, no commit runs; what bench/scenarios/codec_memcpy.sh runs)
 //
 // Each figure is measured in this run on this machine; compare the snapshot
 // GB/s with the memcpy GB/s printed beside it, not with other machines.
@@ -249,7 +252,8 @@ int main(int argc, char** argv) {
       "snapshot-nodes", po::value(&snapshot_nodes)->default_value(200000), "nodes in the snapshot tree")(
       "value-bytes", po::value(&value_bytes)->default_value(1024), "attribute bytes per snapshot-tree node")(
       "chunk-bytes", po::value(&chunk_bytes)->default_value(kDefaultSnapshotChunkBytes),
-      "snapshot chunk size")("json", "print one JSON object instead of text");
+      "snapshot chunk size")("codec-only", "measure memory and the snapshot codec only (no install, no commits)")(
+      "json", "print one JSON object instead of text");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -270,6 +274,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tree_bench: --seconds, --memory-nodes and --snapshot-nodes must be positive\n");
     return 2;
   }
+  const bool codec_only = vm.count("codec-only") > 0;
   nlohmann::json out;
   out["dir"] = dir;
 
@@ -292,11 +297,13 @@ int main(int argc, char** argv) {
     Version v = BuildTree(fan, fan2 > 0 ? fan2 : 1, value_bytes);
     out["snapshot"] = CodecJson(MeasureCodec(v, chunk_bytes));
     out["snapshot"]["value_bytes"] = value_bytes;
-    out["install"] = InstallRun(dir, v, chunk_bytes);
+    if (!codec_only) out["install"] = InstallRun(dir, v, chunk_bytes);
   }
   nlohmann::json commits = nlohmann::json::array();
-  for (FsyncPolicy p : {FsyncPolicy::kAlways, FsyncPolicy::kBatch, FsyncPolicy::kNone}) {
-    for (int threads : {1, 4}) commits.push_back(CommitRun(dir, p, threads, seconds, payload));
+  if (!codec_only) {
+    for (FsyncPolicy p : {FsyncPolicy::kAlways, FsyncPolicy::kBatch, FsyncPolicy::kNone}) {
+      for (int threads : {1, 4}) commits.push_back(CommitRun(dir, p, threads, seconds, payload));
+    }
   }
   out["commit"] = commits;
 
@@ -314,9 +321,11 @@ int main(int argc, char** argv) {
                 s["bytes"].get<double>() / 1e6, s["encode_gbps"].get<double>(),
                 s["decode_gbps"].get<double>(), s["memcpy_gbps"].get<double>());
   }
-  std::printf("install: %.2f GB/s, raw write + one fsync %.2f GB/s\n",
-              out["install"]["install_gbps"].get<double>(),
-              out["install"]["raw_write_fsync_gbps"].get<double>());
+  if (out.contains("install")) {
+    std::printf("install: %.2f GB/s, raw write + one fsync %.2f GB/s\n",
+                out["install"]["install_gbps"].get<double>(),
+                out["install"]["raw_write_fsync_gbps"].get<double>());
+  }
   for (const auto& c : commits) {
     std::printf("commit fsync=%-6s threads=%d: %.0f commits/s\n", c["policy"].get<std::string>().c_str(),
                 c["threads"].get<int>(), c["commits_per_s"].get<double>());

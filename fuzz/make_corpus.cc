@@ -96,6 +96,15 @@ int main(int argc, char** argv) {
   Write(out, "rcopy", "commit", Selected(2, rcopy::EncodeCommit(rcopy::CommitRequest{1 << 20})));
   Write(out, "rcopy", "result",
         Selected(3, rcopy::EncodeResult(rcopy::ResultMessage::FromStatus(Status::ResourceExhausted("disk full")))));
+  Write(out, "rcopy", "query",
+        Selected(4, rcopy::EncodeQuery(rcopy::QueryRequest{"dir/file.bin", rcopy::ChecksumAlgorithm::kXxh3, 1 << 20})));
+  rcopy::ResumeInfo info;
+  info.base = rcopy::ResumeBase::kPartial;
+  info.size = 1 << 19;
+  info.checksum = rcopy::ChecksumAlgorithm::kXxh3;
+  info.digest = 0x0123456789abcdefull;
+  info.base_id = 77;
+  Write(out, "rcopy", "resume_info", Selected(5, rcopy::EncodeResumeInfo(info)));
   store->reset();
   (void)RemoveTree(store_dir);
   std::printf("make_corpus: wrote seeds under %s\n", out.c_str());

@@ -12,13 +12,13 @@ PACKAGES=(
   libssl-dev nlohmann-json3-dev libfmt-dev libraft-dev libuv1-dev
   # RDMA (rdma-core) and DPDK backends
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils
-  perftest  # ib_write_bw / ib_send_bw, the peer bench/rdma.sh compares against
+  perftest  # ib_write_bw / ib_send_bw, the peers of bench/scenarios/rdma_perftest.sh
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
-  # replication benchmark peer (bench/replication.sh)
+  # replication benchmark peer (bench/scenarios/commits_etcd.sh)
   etcd-server etcd-client
-  # HTTP benchmark peers (bench/http.sh)
+  # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)
   nginx-light wget wrk
 )
 

@@ -138,5 +138,26 @@ TEST(UnitsTest, ParseAndFormatByteSizes) {
   EXPECT_EQ(FormatBytes(3u << 29), "1.50 GiB");
 }
 
+TEST(UnitsTest, ParseAndFormatBitRates) {
+  EXPECT_EQ(*ParseBitRate("1000000"), 1'000'000u);
+  EXPECT_EQ(*ParseBitRate("500M"), 500'000'000u);  // decimal, as iperf3 -b
+  EXPECT_EQ(*ParseBitRate("80m"), 80'000'000u);
+  EXPECT_EQ(*ParseBitRate("100k"), 100'000u);
+  EXPECT_EQ(*ParseBitRate("1G"), 1'000'000'000u);
+  EXPECT_EQ(*ParseBitRate("2.5G"), 2'500'000'000u);
+  EXPECT_EQ(*ParseBitRate("0.5k"), 500u);
+  EXPECT_EQ(*ParseBitRate("10Mbit/s"), 10'000'000u);
+  EXPECT_EQ(*ParseBitRate("10mbps"), 10'000'000u);
+  EXPECT_EQ(*ParseBitRate("3T"), 3'000'000'000'000u);
+  EXPECT_EQ(*ParseBitRate("0", true), 0u);
+  for (const char* bad : {"", "0", "0.0M", "M", ".", "1.", "5X", "5MB", "-1", "1.2.3", "0.1", "10000000000T",
+                          "1234567890123456789012345678901"}) {
+    EXPECT_EQ(ParseBitRate(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(FormatBitRate(950), "950 bit/s");
+  EXPECT_EQ(FormatBitRate(80'000'000), "80.0 Mbit/s");
+  EXPECT_EQ(FormatBitRate(2'500'000'000), "2.50 Gbit/s");
+}
+
 }  // namespace
 }  // namespace canopy

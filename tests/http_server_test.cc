@@ -2,6 +2,7 @@
 // spoken to over raw sockets.
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -357,9 +358,27 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
   ASSERT_TRUE(extra);
   std::string pending;
   RawResponse r;
+  // Answered at once, before any request is sent, and closed: a refusal, not a hang.
+  auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(ReadResponse(extra.get(), &pending, &r));
   EXPECT_EQ(r.status, 503);
   EXPECT_EQ(Header(r, "Retry-After"), "1");
+  EXPECT_EQ(Header(r, "Connection"), "close");
+  EXPECT_TRUE(WaitForClose(extra.get(), std::chrono::seconds(3)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  // A refused client that sends its request first reads the same answer.
+  UniqueFd eager = ConnectLoopback(httpd_.port());
+  ASSERT_TRUE(eager);
+  ASSERT_TRUE(SendString(eager.get(), Get("/a.txt")));
+  pending.clear();
+  ASSERT_TRUE(ReadResponse(eager.get(), &pending, &r));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_TRUE(WaitForClose(eager.get(), std::chrono::seconds(3)));
+  // The held connections are still served.
+  ASSERT_TRUE(SendString(held.front().get(), Get("/hello.txt")));
+  pending.clear();
+  ASSERT_TRUE(ReadResponse(held.front().get(), &pending, &r));
+  EXPECT_EQ(r.status, 200);
   held.clear();
   // Once the held connections go, new ones are served again.
   bool served = false;
@@ -369,6 +388,66 @@ TEST_F(HttpServerTest, ConnectionsBeyondTheLimitGet503) {
     if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(served);
+}
+
+TEST_F(HttpServerTest, ConcurrentClientsAreServedWhileOthersStall) {
+  StartServer();
+  // Eight clients each send half a request; none may hold up the others.
+  constexpr int kClients = 8;
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(ConnectLoopback(httpd_.port()));
+    ASSERT_TRUE(clients.back());
+    ASSERT_TRUE(SendString(clients.back().get(), "GET /data.bin HTTP/1.1\r\n"));
+  }
+  // Finished in reverse order: the last to connect is answered first, while
+  // the others still hold unfinished requests.
+  for (int i = kClients - 1; i >= 0; --i) {
+    ASSERT_TRUE(SendString(clients[static_cast<size_t>(i)].get(), "Host: t\r\n\r\n"));
+    std::string pending;
+    RawResponse r;
+    ASSERT_TRUE(ReadResponse(clients[static_cast<size_t>(i)].get(), &pending, &r)) << "client " << i;
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.body.size(), data_.size());
+  }
+  // Then all at once, interleaved on the open connections (keep-alive).
+  for (auto& c : clients) ASSERT_TRUE(SendString(c.get(), Get("/hello.txt")));
+  for (auto& c : clients) {
+    std::string pending;
+    RawResponse r;
+    ASSERT_TRUE(ReadResponse(c.get(), &pending, &r));
+    EXPECT_EQ(r.body, "hello, world\n");
+  }
+}
+
+TEST_F(HttpServerTest, MaxDurationExitsCleanly) {
+  StartServer({"--max-duration", "0.5"});
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(Fetch(Get("/hello.txt")).status, 200);
+  // An idle keep-alive connection does not keep it running.
+  UniqueFd idle = ConnectLoopback(httpd_.port());
+  ASSERT_TRUE(idle);
+  ASSERT_TRUE(SendString(idle.get(), Get("/a.txt")));
+  std::string pending;
+  RawResponse r;
+  ASSERT_TRUE(ReadResponse(idle.get(), &pending, &r));
+  int status = httpd_.Wait(std::chrono::seconds(5));
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  ASSERT_NE(status, -1) << "httpd still running 5 s after --max-duration 0.5";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_GE(elapsed, std::chrono::milliseconds(400));
+  EXPECT_TRUE(WaitForClose(idle.get(), std::chrono::seconds(1)));
+  // The default, 0, is no limit: the server serves on past that.
+  StartServer({"--max-duration", "0", "--idle-timeout", "5"});
+  UniqueFd keep = ConnectLoopback(httpd_.port());
+  ASSERT_TRUE(keep);
+  ASSERT_TRUE(SendString(keep.get(), Get("/a.txt")));
+  pending.clear();
+  ASSERT_TRUE(ReadResponse(keep.get(), &pending, &r));
+  EXPECT_FALSE(WaitForClose(keep.get(), std::chrono::milliseconds(700)));  // still open, still serving
+  ASSERT_TRUE(SendString(keep.get(), Get("/a.txt")));
+  ASSERT_TRUE(ReadResponse(keep.get(), &pending, &r));
+  EXPECT_EQ(r.body, "AAAA");
 }
 
 TEST_F(HttpServerTest, AccessLogInCommonLogFormat) {
@@ -398,6 +477,9 @@ TEST_F(HttpServerTest, BadOptionsFailClearly) {
   out.clear();
   EXPECT_NE(RunCommand(BinaryPath("tools/httpd/httpd") + " --bind nonsense --port 0 --root " + root_, &out), 0);
   EXPECT_NE(out.find("nonsense"), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(RunCommand(BinaryPath("tools/httpd/httpd") + " --max-duration -1 --port 0 --root " + root_, &out), 2);
+  EXPECT_NE(out.find("--max-duration"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -66,6 +66,13 @@ int HttpdProcess::Stop() {
   return status;
 }
 
+int HttpdProcess::Wait(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return -1;
+  int status = WaitChild(pid_, timeout);
+  pid_ = -1;
+  return status;
+}
+
 UniqueFd ConnectLoopback(uint16_t port, bool ipv6) {
   UniqueFd fd(::socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return fd;

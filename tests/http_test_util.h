@@ -27,6 +27,9 @@ class HttpdProcess {
   bool Start(const std::vector<std::string>& args, std::string* error);
   // SIGTERM, then SIGKILL after 5 s. Returns the wait status (or -1).
   int Stop();
+  // Waits up to `timeout` for httpd to exit by itself (e.g. --max-duration).
+  // Returns the wait status, or -1 on timeout (httpd is then SIGKILLed).
+  int Wait(std::chrono::milliseconds timeout);
   uint16_t port() const { return port_; }
   std::string Url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
 

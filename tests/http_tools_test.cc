@@ -1,13 +1,17 @@
 // tools/get and tools/load against tools/httpd, and canopy_http's Server with
 // custom handlers (in-process, on a thread): resume, redirects, servers that
-// ignore Range, chunked bodies, request bodies, load's JSON report.
+// ignore Range, chunked bodies, request bodies, load's JSON report, the --json
+// documents against tools/{get,load}/*.schema.json in every outcome, load's
+// --warmup, -i and -a, and Server's max_duration.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -15,6 +19,7 @@
 
 #include "base/file.h"
 #include "tests/http_test_util.h"
+#include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
 #include "tools/http/server.h"
 
@@ -85,6 +90,50 @@ class EchoJsonHandler : public http::Handler {
     return http::Response::Json(request.method == "POST" ? 201 : 200, j.dump());
   }
 };
+
+// Answers every request with a small body after `delay` (blocking the
+// server thread: requests take at least that long each, one at a time).
+class SlowHandler : public http::Handler {
+ public:
+  explicit SlowHandler(std::chrono::milliseconds delay) : delay_(delay) {}
+  http::Response Handle(const http::Request&) override {
+    std::this_thread::sleep_for(delay_);
+    http::Response r;
+    r.body = "slow";
+    return r;
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+const nlohmann::json& GetSchema() {
+  static const nlohmann::json schema = LoadJsonSchema("tools/get/get.schema.json");
+  return schema;
+}
+
+const nlohmann::json& LoadSchema() {
+  static const nlohmann::json schema = LoadJsonSchema("tools/load/load.schema.json");
+  return schema;
+}
+
+// A loopback port nothing listens on (bound, then closed).
+uint16_t ClosedPort() {
+  UniqueFd probe(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return 0;
+  socklen_t len = sizeof a;
+  ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  return ntohs(a.sin_port);
+}
+
+// Runs a tool with stderr dropped, so *out is its stdout alone (the JSON document).
+int RunStdout(const std::string& tool, const std::string& args, std::string* out) {
+  out->clear();
+  return RunCommand("{ " + BinaryPath(tool) + " " + args + " 2>/dev/null; }", out);
+}
 
 std::string JsonLine(const std::string& output) {
   size_t start = output.find('{');
@@ -198,15 +247,9 @@ TEST_F(HttpToolsTest, ErrorsExitNonZeroAndRetriesAreBounded) {
   EXPECT_EQ(handler.requests_.load(), 3);  // 5xx is retried, --tries times
   output.clear();
   // Nothing listens on a port we just closed: fails after 2 tries.
-  UniqueFd probe(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  std::string dead = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/";
-  probe.Reset();
+  uint16_t dead_port = ClosedPort();
+  ASSERT_NE(dead_port, 0);
+  std::string dead = "http://127.0.0.1:" + std::to_string(dead_port) + "/";
   EXPECT_NE(Get(dead + " -O " + dir_.File("z") + " --tries 2 --timeout 2 -q", &output), 0);
   EXPECT_NE(output.find("refused"), std::string::npos) << output;
   output.clear();
@@ -389,6 +432,282 @@ TEST_F(HttpToolsTest, LoadReportsSaneJson) {
   EXPECT_NE(rc, 0);
   j = nlohmann::json::parse(JsonLine(output));
   EXPECT_EQ(j["errors"]["connect"], 20) << output;
+}
+
+TEST_F(HttpToolsTest, GetJsonConformsToTheSchemaInEveryOutcome) {
+  const std::string get = "tools/get/get";
+  std::string out;
+  // Success.
+  ASSERT_EQ(RunStdout(get, httpd_.Url("/file.bin") + " -O " + dir_.File("ok.bin") + " --json", &out), 0) << out;
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_TRUE(j["ok"].get<bool>());
+  EXPECT_EQ(j["units"]["gbit_per_s"], "decimal Gbit/s (10^9 bit/s)");
+  // 404: an error status, not retried, exit status 1.
+  EXPECT_EQ(RunStdout(get, httpd_.Url("/missing") + " -O " + dir_.File("404") + " --tries 3 --json", &out), 1);
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["ok"].get<bool>());
+  EXPECT_EQ(j["error_code"], "http_status");
+  EXPECT_EQ(j["status"], 404);
+  EXPECT_EQ(j["attempts"], 1);
+  EXPECT_NE(j["error"].get<std::string>().find("404"), std::string::npos) << out;
+  // Nothing listens: connect.
+  std::string dead = "http://127.0.0.1:" + std::to_string(ClosedPort()) + "/x";
+  EXPECT_EQ(RunStdout(get, dead + " -O " + dir_.File("dead") + " --tries 1 --json", &out), 1);
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["error_code"], "connect");
+  EXPECT_EQ(j["status"], 0);
+  EXPECT_EQ(j["final_url"], "");
+  // A listener that never answers (its accept queue holds the connection): timeout.
+  UniqueFd mute(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(mute.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(mute.get(), 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(mute.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  std::string mute_url = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/x";
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunStdout(get, mute_url + " -O " + dir_.File("mute") + " --tries 1 --timeout 0.3 --json", &out), 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["error_code"], "timeout") << out;
+  // Redirect loop, and an output file that cannot be created.
+  IgnoresRangeHandler handler("content");
+  InProcessServer server(&handler);
+  EXPECT_EQ(RunStdout(get, server.Url("/loop") + " -O " + dir_.File("loop") + " --max-redirect 2 --json", &out), 1);
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["error_code"], "redirects");
+  EXPECT_EQ(j["redirects"], 2);
+  EXPECT_EQ(RunStdout(get, server.Url("/x") + " -O " + dir_.File("no/such/dir/f") + " --json", &out), 1);
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["error_code"], "file") << out;
+  // Usage errors: exit status 2 and one JSON document with "usage": true.
+  for (const std::string& args :
+       {std::string("--json --no-such-option ") + httpd_.Url("/file.bin"), std::string("--json"),
+        "--json --tries 0 -O " + dir_.File("u") + " " + httpd_.Url("/file.bin"),
+        "--json --tries many " + httpd_.Url("/file.bin"), "--json -O - " + httpd_.Url("/file.bin"),
+        "--json https://127.0.0.1/ -O " + dir_.File("u")}) {
+    EXPECT_EQ(RunStdout(get, args, &out), 2) << args;
+    EXPECT_EQ(JsonConforms(GetSchema(), out), "") << args << ": " << out;
+    j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;  // JsonConforms reported it
+    EXPECT_EQ(j.value("usage", false), true) << args;
+    EXPECT_EQ(j.value("error_code", ""), "usage") << args;
+  }
+  // Without --json a usage error prints nothing on stdout; the message is on stderr.
+  EXPECT_EQ(RunStdout(get, "--no-such-option", &out), 2);
+  EXPECT_EQ(out, "");
+}
+
+TEST_F(HttpToolsTest, LoadJsonConformsToTheSchemaInEveryOutcome) {
+  const std::string load = "tools/load/load";
+  ASSERT_TRUE(WriteFileAtomic(root_ + "/small.txt", std::string(100, 's')).ok());
+  ::chmod((root_ + "/small.txt").c_str(), 0644);
+  std::string out;
+  // Success, several concurrent connections on two threads.
+  ASSERT_EQ(RunStdout(load, "-n 400 -c 8 -t 2 -k --json " + httpd_.Url("/small.txt"), &out), 0) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["ok_2xx"], 400);
+  EXPECT_EQ(j["intervals"].size(), 0u);
+  EXPECT_TRUE(j["affinity"].is_null());
+  EXPECT_EQ(j["units"]["gbit_per_s"], "decimal Gbit/s (10^9 bit/s)");
+  // 404s are answers: counted by code, the run is ok.
+  EXPECT_EQ(RunStdout(load, "-n 20 -c 2 -k --json " + httpd_.Url("/nope"), &out), 0) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["status_codes"]["404"], 20);
+  // Nothing listens: every request fails to connect.
+  std::string dead = "http://127.0.0.1:" + std::to_string(ClosedPort()) + "/";
+  EXPECT_EQ(RunStdout(load, "-n 20 -c 2 --json " + dead, &out), 1);
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["ok"].get<bool>());
+  EXPECT_EQ(j["error_code"], "connect");
+  EXPECT_EQ(j["errors"]["connect"], 20);
+  // -d ends the run before -n: ok false, error_code duration.
+  SlowHandler slow(std::chrono::milliseconds(5));
+  InProcessServer server(&slow);
+  EXPECT_EQ(RunStdout(load, "-n 1000000 -c 1 -k -d 0.3 -i 0.1 --json " + server.Url("/"), &out), 1);
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["error_code"], "duration") << out;
+  EXPECT_TRUE(j["time_capped"].get<bool>());
+  EXPECT_GT(j["completed"].get<uint64_t>(), 0u);
+  EXPECT_GE(j["intervals"].size(), 2u);
+  // A run by time alone (no -n, as with wrk): -d ending it is success.
+  EXPECT_EQ(RunStdout(load, "-c 1 -k -d 0.2 --json " + server.Url("/"), &out), 0) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_TRUE(j["ok"].get<bool>()) << out;
+  EXPECT_TRUE(j["time_capped"].get<bool>());
+  EXPECT_TRUE(j["requests"].is_null()) << out;
+  EXPECT_GT(j["completed"].get<uint64_t>(), 0u);
+  // Usage errors: exit status 2 and one JSON document with "usage": true.
+  std::string url = httpd_.Url("/small.txt");
+  for (const std::string& args :
+       {"--json --no-such-option " + url, std::string("--json"), "--json -n 0 " + url, "--json -c 2 -t 3 " + url,
+        "--json --warmup -1 " + url, "--json -i 0.001 " + url, "--json -a 100000 " + url, "--json -a 1-0 " + url,
+        "--json -a x " + url, "--json --method DELETE " + url, "--json -n lots " + url}) {
+    EXPECT_EQ(RunStdout(load, args, &out), 2) << args;
+    EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << args << ": " << out;
+    j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;  // JsonConforms reported it
+    EXPECT_EQ(j.value("usage", false), true) << args;
+  }
+}
+
+TEST_F(HttpToolsTest, LoadWarmupRequestsAreMadeButLeftOut) {
+  IgnoresRangeHandler handler("warm");
+  InProcessServer server(&handler);
+  std::string out;
+  // The size of one response, from a run of one request.
+  ASSERT_EQ(RunStdout("tools/load/load", "-n 1 -c 1 -k --json " + server.Url("/w"), &out), 0) << out;
+  uint64_t one_response = nlohmann::json::parse(out)["bytes"];
+  ASSERT_GT(one_response, 0u);
+  int before = handler.requests_.load();
+  ASSERT_EQ(RunStdout("tools/load/load", "-n 50 -c 2 -k --warmup 0.3 --json " + server.Url("/w"), &out), 0) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  uint64_t warm = j["warmup"]["requests"];
+  EXPECT_GT(warm, 0u) << out;
+  EXPECT_EQ(j["warmup"]["errors"], 0);
+  EXPECT_EQ(j["warmup"]["seconds"], 0.3);
+  // The server saw the warm-up requests; no figure counts them.
+  EXPECT_EQ(static_cast<uint64_t>(handler.requests_.load() - before), warm + 50);
+  EXPECT_EQ(j["completed"], 50);
+  EXPECT_EQ(j["status_codes"]["200"], 50);
+  EXPECT_EQ(j["bytes"], 50 * one_response);
+  EXPECT_LT(j["seconds"].get<double>(), 0.3 + 10);
+}
+
+TEST_F(HttpToolsTest, LoadIntervalsAddUpAndCpuIsReported) {
+  SlowHandler slow(std::chrono::milliseconds(5));
+  InProcessServer server(&slow);
+  std::string out;
+  // 40 requests of >= 5 ms each, one at a time: >= 200 ms, i.e. several 50 ms intervals.
+  ASSERT_EQ(RunStdout("tools/load/load", "-n 40 -c 1 -k -i 0.05 --json " + server.Url("/"), &out), 0) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["interval_seconds"], 0.05);
+  const auto& intervals = j["intervals"];
+  ASSERT_GE(intervals.size(), 3u) << out;
+  uint64_t requests = 0, bytes = 0;
+  double previous_end = 0;
+  for (const auto& iv : intervals) {
+    EXPECT_DOUBLE_EQ(iv["start"].get<double>(), previous_end);
+    EXPECT_GE(iv["end"].get<double>(), iv["start"].get<double>());
+    previous_end = iv["end"];
+    requests += iv["requests"].get<uint64_t>();
+    bytes += iv["bytes"].get<uint64_t>();
+    double secs = iv["seconds"];
+    if (secs > 0) {
+      EXPECT_NEAR(iv["requests_per_s"].get<double>(), iv["requests"].get<double>() / secs, 1e-6 * (1 + secs));
+      EXPECT_NEAR(iv["gbit_per_s"].get<double>(), iv["bytes"].get<double>() * 8 / secs / 1e9, 1e-9);
+    }
+    // Every interval but the last ends near a 50 ms boundary: >= 5 ms requests fit at most ~10.
+    EXPECT_LE(iv["requests"].get<uint64_t>(), 40u);
+  }
+  EXPECT_EQ(requests, 40u);
+  EXPECT_EQ(bytes, j["bytes"].get<uint64_t>());
+  EXPECT_NEAR(previous_end, j["seconds"].get<double>(), 1e-9);
+  EXPECT_GE(j["seconds"].get<double>(), 0.2);
+  const auto& cpu = j["cpu_utilization"];
+  EXPECT_NEAR(cpu["total_pct"].get<double>(), cpu["user_pct"].get<double>() + cpu["sys_pct"].get<double>(), 1e-9);
+  EXPECT_EQ(cpu["wall_seconds"], j["seconds"]);
+  // Text: one line per interval, then the summary with CPU and decimal Gbit/s.
+  out.clear();
+  ASSERT_EQ(RunCommand(BinaryPath("tools/load/load") + " -n 30 -c 1 -k -i 0.05 " + server.Url("/"), &out), 0) << out;
+  size_t interval_lines = 0;
+  for (size_t pos = out.find("\n["); pos != std::string::npos; pos = out.find("\n[", pos + 1)) ++interval_lines;
+  EXPECT_GE(interval_lines, 2u) << out;
+  EXPECT_NE(out.find(" req/s "), std::string::npos) << out;
+  EXPECT_NE(out.find("Gbit/s (decimal, 10^9 bit/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("cpu: "), std::string::npos) << out;
+  EXPECT_NE(out.find("% of one core (user "), std::string::npos) << out;
+}
+
+TEST_F(HttpToolsTest, LoadPinsItsThreadsWithAffinity) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  ASSERT_FALSE(cpus.empty());
+  int first = cpus.front(), last = cpus.back();
+  std::string out;
+  std::string list = std::to_string(first) + "," + std::to_string(last);
+  ASSERT_EQ(RunStdout("tools/load/load", "-n 100 -c 3 -t 3 -k -a " + list + " --json " + httpd_.Url("/file.bin"),
+                      &out),
+            0)
+      << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  // Round robin over the list, as read back from each thread.
+  EXPECT_EQ(nlohmann::json::parse(out)["affinity"], nlohmann::json::array({first, last, first})) << out;
+  // A range form.
+  ASSERT_EQ(RunStdout("tools/load/load", "-n 10 -c 1 -a " + std::to_string(first) + "-" + std::to_string(first) +
+                                             " --json " + httpd_.Url("/file.bin"),
+                      &out),
+            0)
+      << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["affinity"], nlohmann::json::array({first})) << out;
+}
+
+TEST_F(HttpToolsTest, ToolsReportTheRefusalBeyondMaxConnections) {
+  HttpdProcess full;
+  std::string error;
+  ASSERT_TRUE(full.Start({"--root", root_, "--max-connections", "1"}, &error)) << error;
+  // The one allowed connection stays open (keep-alive) after its request.
+  UniqueFd held = ConnectLoopback(full.port());
+  ASSERT_TRUE(held);
+  ASSERT_TRUE(SendString(held.get(), canopy::testing::Get("/file.bin")));
+  std::string pending;
+  RawResponse first;
+  ASSERT_TRUE(ReadResponse(held.get(), &pending, &first));
+  ASSERT_EQ(first.status, 200);
+  std::string out;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(RunStdout("tools/get/get", full.Url("/file.bin") + " -O " + dir_.File("busy") + " --tries 1 --json", &out),
+            1);
+  EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["status"], 503);
+  EXPECT_EQ(j["error_code"], "http_status");
+  EXPECT_EQ(RunStdout("tools/load/load", "-n 5 -c 1 --json " + full.Url("/file.bin"), &out), 0) << out;
+  EXPECT_EQ(nlohmann::json::parse(out)["status_codes"]["503"], 5) << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));  // refused, not stalled
+}
+
+TEST(HttpServerLibrary, RunReturnsByItselfAfterMaxDuration) {
+  IgnoresRangeHandler handler("x");
+  http::ServerOptions options;
+  options.max_duration = std::chrono::milliseconds(200);
+  auto server = http::Server::Listen(options, &handler);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto start = std::chrono::steady_clock::now();
+  std::atomic<bool> returned{false};
+  Status run_status;
+  std::thread runner([&] {
+    run_status = (*server)->Run();
+    returned = true;
+  });
+  // Served while it runs.
+  RawResponse r;
+  EXPECT_TRUE(RoundTrip((*server)->port(), Get("/a"), &r));
+  EXPECT_EQ(r.status, 200);
+  runner.join();  // returns without Stop()
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(returned.load());
+  EXPECT_TRUE(run_status.ok()) << run_status.ToString();
+  EXPECT_GE(elapsed, std::chrono::milliseconds(190));
+  EXPECT_LT(elapsed, std::chrono::seconds(5));
+  EXPECT_TRUE((*server)->stats().max_duration_reached);
 }
 
 }  // namespace

@@ -18,9 +18,11 @@
 
 #include "base/coding.h"
 #include "base/file.h"
+#include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/client.h"
+#include "tools/rcopy/file_list.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/safe_path.h"
 #include "tools/rcopy/server.h"
@@ -64,7 +66,7 @@ TEST(RcopyProtocol, MessagesRoundTrip) {
   ASSERT_TRUE(data.ok());
   EXPECT_EQ(data->offset, 123456789012ull);
 
-  CommitRequest commit{42, ChecksumAlgorithm::kCrc32c, 0xdeadbeef};
+  CommitRequest commit{42, ChecksumAlgorithm::kCrc32c, 0xdeadbeef, 0xfeedface};
   auto c = DecodeCommit(EncodeCommit(commit));
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(*c, commit);
@@ -75,6 +77,7 @@ TEST(RcopyProtocol, MessagesRoundTrip) {
   result.bytes = 7;
   result.checksum = ChecksumAlgorithm::kXxh3;
   result.digest = 99;
+  result.file_digest = 100;
   auto r = DecodeResult(EncodeResult(result));
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, result);
@@ -91,23 +94,29 @@ TEST(RcopyProtocol, EncodingIsLittleEndian) {
 
 TEST(RcopyProtocol, EveryTruncationAndTrailingByteIsCorruption) {
   std::vector<std::string> encoded = {EncodeOpen(SampleOpen()), EncodeData(DataHeader{5}),
-                                      EncodeCommit(CommitRequest{1, ChecksumAlgorithm::kXxh3, 2}),
-                                      EncodeResult(ResultMessage::FromStatus(Status::IOError("x")))};
+                                      EncodeCommit(CommitRequest{1, ChecksumAlgorithm::kXxh3, 2, 3}),
+                                      EncodeResult(ResultMessage::FromStatus(Status::IOError("x"))),
+                                      EncodeQuery(QueryRequest{"a/b", ChecksumAlgorithm::kCrc32c, 9}),
+                                      EncodeResumeInfo(ResumeInfo{ResumeBase::kPartial, 8, ChecksumAlgorithm::kXxh3,
+                                                                  7, 6})};
+  auto decode = [](size_t m, std::string_view bytes) {
+    switch (m) {
+      case 0: return DecodeOpen(bytes).status();
+      case 1: return DecodeData(bytes).status();
+      case 2: return DecodeCommit(bytes).status();
+      case 3: return DecodeResult(bytes).status();
+      case 4: return DecodeQuery(bytes).status();
+      default: return DecodeResumeInfo(bytes).status();
+    }
+  };
   for (size_t m = 0; m < encoded.size(); ++m) {
     const std::string& full = encoded[m];
+    ASSERT_TRUE(decode(m, full).ok()) << "message " << m;
     for (size_t n = 0; n < full.size(); ++n) {
-      std::string_view prefix(full.data(), n);
-      Status s = m == 0 ? DecodeOpen(prefix).status()
-                 : m == 1 ? DecodeData(prefix).status()
-                 : m == 2 ? DecodeCommit(prefix).status()
-                          : DecodeResult(prefix).status();
+      Status s = decode(m, std::string_view(full.data(), n));
       EXPECT_TRUE(s.IsCorruption()) << "message " << m << " prefix " << n << ": " << s.ToString();
     }
-    std::string longer = full + "x";
-    Status s = m == 0 ? DecodeOpen(longer).status()
-               : m == 1 ? DecodeData(longer).status()
-               : m == 2 ? DecodeCommit(longer).status()
-                        : DecodeResult(longer).status();
+    Status s = decode(m, full + "x");
     EXPECT_TRUE(s.IsCorruption()) << "message " << m << " with a trailing byte";
   }
 }
@@ -154,7 +163,7 @@ TEST(RcopyProtocol, DecodeOpenRejectsInconsistentFields) {
   std::string bad_version = EncodeOpen(SampleOpen());
   bad_version[0] = 9;
   EXPECT_TRUE(DecodeOpen(bad_version).status().IsCorruption());
-  std::string bad_algorithm = EncodeCommit(CommitRequest{1, ChecksumAlgorithm::kXxh3, 2});
+  std::string bad_algorithm = EncodeCommit(CommitRequest{1, ChecksumAlgorithm::kXxh3, 2, 0});
   bad_algorithm[9] = 7;
   EXPECT_TRUE(DecodeCommit(bad_algorithm).status().IsCorruption());
 }
@@ -277,11 +286,12 @@ class RcopyServerTest : public ::testing::Test {
     StartServer();
   }
 
-  void StartServer(std::chrono::milliseconds idle = std::chrono::seconds(10)) {
+  void StartServer(std::chrono::milliseconds idle = std::chrono::seconds(10), size_t max_connections = 256) {
     ServerOptions options;
     options.root = root_.path();
     options.listen_uri = "tcp://127.0.0.1:0";
     options.idle_timeout = idle;
+    options.max_connections = max_connections;
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
@@ -672,7 +682,10 @@ TEST(RcopyCli, MissingSourceIsAClearError) {
 TEST(RcopyCli, BadFlagsGiveUsage) {
   for (const char* args : {"--bogus", "", "onlyone", "--chunk 0 a 127.0.0.1", "--chunk 12Q a 127.0.0.1",
                            "-P 0 a 127.0.0.1", "-P 65 a 127.0.0.1", "--checksum md5 a 127.0.0.1", "--server",
-                           "--root /tmp a 127.0.0.1", "-p 70000 a 127.0.0.1", "a :dst", "a [::1"}) {
+                           "--root /tmp a 127.0.0.1", "-p 70000 a 127.0.0.1", "a :dst", "a [::1",
+                           "--rate 5X a 127.0.0.1", "--rate -1 a 127.0.0.1", "--resume --sink a 127.0.0.1",
+                           "--max-duration 5 a 127.0.0.1", "--server --root /tmp --max-duration -1",
+                           "--server --root /tmp a"}) {
     std::string out;
     int rc = RunCommand(Rcopy() + " " + args, &out);
     EXPECT_EQ(rc, 2) << args << ": " << out;
@@ -691,7 +704,8 @@ TEST(RcopyCli, HelpExplainsEveryOption) {
   for (const char* option : {"--port", "--transport ", "--transport-arg", "--quiet", "--json", "--chunk",
                              "--parallel", "--verify", "--checksum", "--sink", "--connect-timeout", "--timeout",
                              "--server", "--root", "--bind", "--idle-timeout", "--max-connections", "--port-file",
-                             "10^9"}) {
+                             "--resume", "--no-partial", "--rate", "--recursive", "--max-duration",
+                             "rcopy.schema.json", "prefix mismatch", ".rcopy-partial", "10^9"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
 }
@@ -754,6 +768,817 @@ TEST(RcopyCli, DiskFullIsReportedAndNothingIsPublished) {
 
   guard.Stop();
   EXPECT_TRUE(WIFEXITED(guard.status) && WEXITSTATUS(guard.status) == 0) << guard.status;
+}
+
+
+// ============================================== resume, many files, rate, limits
+
+// ------------------------------------------------ protocol version 2
+
+TEST(RcopyProtocol, ResumeMessagesRoundTrip) {
+  QueryRequest query{"dir/f.bin", ChecksumAlgorithm::kCrc32c, 123456789};
+  auto q = DecodeQuery(EncodeQuery(query));
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(*q, query);
+
+  ResumeInfo info{ResumeBase::kTarget, 4096, ChecksumAlgorithm::kXxh3, 0xabcdef, 0x1234};
+  auto i = DecodeResumeInfo(EncodeResumeInfo(info));
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  EXPECT_EQ(*i, info);
+  ResumeInfo nothing;
+  EXPECT_EQ(*DecodeResumeInfo(EncodeResumeInfo(nothing)), nothing);
+
+  OpenRequest open = SampleOpen();
+  open.resume_offset = 1'000'003;
+  open.resume_base = ResumeBase::kPartial;
+  open.base_id = 99;
+  ByteRange r = StreamRange(open.file_size, open.resume_offset, open.streams, open.stream_index);
+  open.range_offset = r.offset;
+  open.range_length = r.length;
+  auto o = DecodeOpen(EncodeOpen(open));
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(*o, open);
+  EXPECT_EQ(kProtocolVersion, 2);
+}
+
+TEST(RcopyProtocol, DecodersRejectInconsistentResumeFields) {
+  auto open_rejects = [](OpenRequest open, const char* what) {
+    ByteRange r = StreamRange(open.file_size, std::min(open.resume_offset, open.file_size), open.streams,
+                              open.stream_index);
+    open.range_offset = r.offset;
+    open.range_length = r.length;
+    auto decoded = DecodeOpen(EncodeOpen(open));
+    EXPECT_TRUE(decoded.status().IsCorruption()) << what << ": " << decoded.status().ToString();
+  };
+  OpenRequest o = SampleOpen();
+  o.resume_base = ResumeBase::kPartial;
+  o.base_id = 1;
+  o.resume_offset = o.file_size + 1;
+  open_rejects(o, "resume offset past the end");
+  o.resume_offset = 0;
+  open_rejects(o, "a base without an offset");
+  o = SampleOpen();
+  o.resume_offset = 4096;
+  open_rejects(o, "an offset without a base");
+  o.resume_base = ResumeBase::kTarget;
+  o.base_id = 0;
+  open_rejects(o, "a base without an identity");
+  o.base_id = 5;
+  o.flags |= kOpenFlagSink;
+  open_rejects(o, "resume with sink");
+
+  // The ranges of a resumed OPEN are the split of what is left, not of the file.
+  o = SampleOpen();
+  o.resume_offset = 8192;
+  o.resume_base = ResumeBase::kTarget;
+  o.base_id = 5;
+  EXPECT_TRUE(DecodeOpen(EncodeOpen(o)).status().IsCorruption());
+
+  std::string base = EncodeResumeInfo(ResumeInfo{ResumeBase::kPartial, 1, ChecksumAlgorithm::kXxh3, 2, 3});
+  base[1] = 3;  // unknown base
+  EXPECT_TRUE(DecodeResumeInfo(base).status().IsCorruption());
+  EXPECT_TRUE(DecodeResumeInfo(EncodeResumeInfo(ResumeInfo{ResumeBase::kPartial, 1, ChecksumAlgorithm::kXxh3, 2, 0}))
+                  .status()
+                  .IsCorruption());
+  EXPECT_TRUE(DecodeQuery(EncodeQuery(QueryRequest{"x", ChecksumAlgorithm::kNone, 1})).status().IsCorruption());
+
+  // A version 1 peer is refused with both versions named.
+  std::string v1 = EncodeQuery(QueryRequest{"x", ChecksumAlgorithm::kXxh3, 1});
+  v1[0] = 1;
+  Status old = DecodeQuery(v1).status();
+  EXPECT_TRUE(old.IsCorruption());
+  EXPECT_NE(old.message().find("version 1 not supported"), std::string::npos) << old.ToString();
+}
+
+TEST(RcopyProtocol, StreamRangeCoversWhatIsLeft) {
+  for (uint64_t size : {0ull, 1ull, 4097ull, 10485763ull}) {
+    for (uint64_t resume : std::vector<uint64_t>{0, 1, 4095, size / 2, size}) {
+      if (resume > size) continue;
+      for (uint16_t streams : {1, 3, 8}) {
+        uint64_t next = resume;
+        for (uint16_t i = 0; i < streams; ++i) {
+          ByteRange r = StreamRange(size, resume, streams, i);
+          EXPECT_EQ(r.offset, next) << size << "/" << resume << "/" << streams << "/" << i;
+          next = r.offset + r.length;
+        }
+        EXPECT_EQ(next, size);
+      }
+    }
+  }
+}
+
+TEST(RcopyProtocol, PartialFileNameIsDeterministicAndFits) {
+  EXPECT_EQ(PartialFileName("f.bin"), ".f.bin.rcopy-partial");
+  std::string a(255, 'a');
+  std::string b = a;
+  b.back() = 'b';
+  EXPECT_LE(PartialFileName(a).size(), 255u);
+  EXPECT_NE(PartialFileName(a), PartialFileName(b));
+  EXPECT_EQ(PartialFileName(a), PartialFileName(a));
+  EXPECT_TRUE(SplitSafeRelativePath(PartialFileName(a)).ok());
+}
+
+// ------------------------------------------------------ file lists
+
+TEST(RcopyFileList, OneFileKeepsTheDestinationRules) {
+  auto one = [](const std::string& dst) { return PlanCopies({"/some/where/f.txt"}, dst, false); };
+  EXPECT_EQ(one("").items.at(0).destination, "f.txt");
+  EXPECT_EQ(one("d/").items.at(0).destination, "d/f.txt");
+  EXPECT_EQ(one("new-name").items.at(0).destination, "new-name");
+  EXPECT_FALSE(one("").destination_is_directory);
+
+  TempDir dir;
+  CopyPlan plan = PlanCopies({dir.path()}, "", false);
+  ASSERT_EQ(plan.items.size(), 1u);
+  EXPECT_EQ(plan.items[0].problem.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.items[0].problem.message().find("-r"), std::string::npos);
+}
+
+TEST(RcopyFileList, SeveralFilesAndTreesKeepRelativePaths) {
+  TempDir src;
+  fs::create_directories(src.File("tree/a/b"));
+  fs::create_directories(src.File("tree/empty"));
+  for (const char* f : {"one", "two", "tree/top", "tree/a/x", "tree/a/b/deep"}) {
+    ASSERT_TRUE(WriteFileAtomic(src.File(f), f).ok());
+  }
+  ASSERT_EQ(::symlink("/etc/passwd", src.File("tree/a/link").c_str()), 0);
+  ASSERT_EQ(::mkfifo(src.File("tree/fifo").c_str(), 0600), 0);
+
+  CopyPlan files = PlanCopies({src.File("one"), src.File("two")}, "dst/", false);
+  EXPECT_TRUE(files.destination_is_directory);
+  ASSERT_EQ(files.items.size(), 2u);
+  EXPECT_EQ(files.items[0].destination, "dst/one");
+  EXPECT_EQ(files.items[1].destination, "dst/two");
+  CopyPlan at_root = PlanCopies({src.File("one"), src.File("two")}, "", false);
+  EXPECT_EQ(at_root.items[1].destination, "two");
+
+  // Without -r a directory among several SRCs is a failed item, the rest go.
+  CopyPlan no_r = PlanCopies({src.File("one"), src.File("tree")}, "d", false);
+  ASSERT_EQ(no_r.items.size(), 2u);
+  EXPECT_TRUE(no_r.items[0].problem.ok());
+  EXPECT_EQ(no_r.items[1].problem.code(), StatusCode::kInvalidArgument);
+
+  CopyPlan tree = PlanCopies({src.File("tree"), src.File("one")}, "d", true);
+  std::vector<std::string> destinations;
+  for (const CopyItem& item : tree.items) {
+    EXPECT_TRUE(item.problem.ok()) << item.source << ": " << item.problem.ToString();
+    destinations.push_back(item.destination);
+  }
+  EXPECT_EQ(destinations,
+            (std::vector<std::string>{"d/tree/a/b/deep", "d/tree/a/x", "d/tree/top", "d/one"}));
+  ASSERT_EQ(tree.skipped.size(), 2u);  // the symlink and the FIFO, never followed or opened
+  EXPECT_EQ(tree.skipped[0].source, src.File("tree/a/link"));
+  EXPECT_EQ(tree.skipped[0].reason, "symbolic link");
+  EXPECT_EQ(tree.skipped[1].reason, "not a regular file");
+
+  // A trailing '/' sends the contents (as rsync).
+  CopyPlan contents = PlanCopies({src.File("tree/")}, "", true);
+  ASSERT_EQ(contents.items.size(), 3u);
+  EXPECT_EQ(contents.items[0].destination, "a/b/deep");
+  EXPECT_EQ(contents.items[2].destination, "top");
+}
+
+// --------------------------------------------- resume against a server
+
+// Waits (bounded) until `path` exists.
+bool AppearsWithin(const std::string& path, std::chrono::milliseconds limit) {
+  Deadline deadline = Deadline::After(limit);
+  while (!fs::exists(path)) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Starts a transfer by hand and sends `sent[i]` bytes of stream i's range in
+// chunks of `chunk`, then disconnects every stream: an interrupted copy.
+void InterruptedTransfer(uint16_t port, const std::string& name, const std::string& bytes, uint16_t streams,
+                         const std::vector<uint64_t>& sent, uint64_t chunk, uint32_t flags = kOpenFlagKeepPartial) {
+  static std::atomic<uint64_t> next_id{0x7000};
+  const uint64_t id = next_id++;
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (uint16_t i = 0; i < streams; ++i) {
+    auto client = std::make_unique<RawClient>(port);
+    ASSERT_TRUE(client->conn);
+    OpenRequest open;
+    open.transfer_id = id;
+    open.name = name;
+    open.file_size = bytes.size();
+    open.streams = streams;
+    open.stream_index = i;
+    ByteRange r = SplitRange(bytes.size(), streams, i);
+    open.range_offset = r.offset;
+    open.range_length = r.length;
+    open.flags = flags;
+    ASSERT_TRUE(client->conn->Send(kMsgOpen, EncodeOpen(open)).ok());
+    auto accepted = client->ReadResult();
+    ASSERT_TRUE(accepted.ok() && accepted->ok()) << accepted.status().ToString();
+    for (uint64_t done = 0; done < sent[i];) {
+      uint64_t n = std::min(chunk, sent[i] - done);
+      std::string_view piece(bytes.data() + r.offset + done, n);
+      ASSERT_TRUE(client->conn
+                      ->SendWithBulk(kMsgData, EncodeData(DataHeader{r.offset + done}),
+                                     transport::BulkSource::FromMemory(piece))
+                      .ok());
+      done += n;
+    }
+    clients.push_back(std::move(client));
+  }
+  // The server reads every byte sent before it sees the end of the stream.
+  for (auto& c : clients) c->conn->Close();
+}
+
+TEST_F(RcopyServerTest, InterruptedCopyKeepsItsPrefixAndResumeSendsTheRest) {
+  const size_t size = 1 << 20;
+  std::string source = WriteSource("r", size, 31);
+  std::string bytes = ReadAll(source);
+  InterruptedTransfer(port_, "sub/r", bytes, 1, {3 * 65536}, 65536);
+  const std::string partial = root_.File("sub/.r.rcopy-partial");
+  ASSERT_TRUE(AppearsWithin(partial, std::chrono::seconds(10)));
+  EXPECT_FALSE(fs::exists(root_.File("sub/r")));
+  EXPECT_EQ(ReadAll(partial), bytes.substr(0, 3 * 65536));
+
+  ClientOptions o = Options(source, "sub/r");
+  o.resume = true;
+  o.verify = true;
+  o.streams = 3;
+  CopyReport report = CopyFile(o);
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(report.resume, ResumeOutcome::kResumed);
+  EXPECT_EQ(report.resume_base, ResumeBase::kPartial);
+  EXPECT_EQ(report.resumed_from, 3u * 65536);
+  EXPECT_EQ(report.bytes_skipped, 3u * 65536);
+  EXPECT_EQ(report.bytes_sent, size - 3 * 65536);
+  EXPECT_EQ(report.file_digest, DigestOf(ChecksumAlgorithm::kXxh3, bytes));  // whole file, both sides
+  EXPECT_EQ(ReadAll(root_.File("sub/r")), bytes);
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_TRUE(TempFiles().empty());
+}
+
+TEST_F(RcopyServerTest, InterruptedParallelCopyKeepsOnlyTheContiguousPrefix) {
+  const size_t size = 600000;
+  std::string source = WriteSource("p", size, 32);
+  std::string bytes = ReadAll(source);
+  ByteRange first = SplitRange(size, 3, 0);
+  // Stream 1 complete, stream 2 half way, stream 3 a little: the prefix ends
+  // where stream 2 stopped.
+  InterruptedTransfer(port_, "p", bytes, 3, {first.length, 65536, 4096}, 16384);
+  const std::string partial = root_.File(".p.rcopy-partial");
+  ASSERT_TRUE(AppearsWithin(partial, std::chrono::seconds(10)));
+  EXPECT_EQ(TempFiles(), std::vector<std::string>{partial});  // the temporary file became the partial one
+  EXPECT_EQ(fs::file_size(partial), first.length + 65536);
+  EXPECT_EQ(ReadAll(partial), bytes.substr(0, first.length + 65536));
+
+  ClientOptions o = Options(source, "p");
+  o.resume = true;
+  CopyReport report = CopyFile(o);
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(report.resumed_from, first.length + 65536);
+  EXPECT_EQ(ReadAll(root_.File("p")), bytes);
+}
+
+TEST_F(RcopyServerTest, ResumeComparesThePrefixWithTheTargetOrPartialFile) {
+  const size_t size = 300000;
+  std::string source = WriteSource("t", size, 33);
+  std::string bytes = ReadAll(source);
+  auto resume = [&](bool verify, ChecksumAlgorithm algorithm = ChecksumAlgorithm::kXxh3) {
+    ClientOptions o = Options(source, "t");
+    o.resume = true;
+    o.verify = verify;
+    o.checksum = algorithm;
+    o.streams = 2;
+    CopyReport report = CopyFile(o);
+    EXPECT_TRUE(report.status.ok()) << report.status.ToString();
+    EXPECT_EQ(ReadAll(root_.File("t")), bytes);
+    EXPECT_TRUE(TempFiles().empty());
+    return report;
+  };
+
+  // Nothing on the server: everything is sent.
+  CopyReport r = resume(false);
+  EXPECT_EQ(r.resume, ResumeOutcome::kNothing);
+  EXPECT_EQ(r.bytes_sent, size);
+
+  // A shorter target with our prefix: only the rest is sent, and the target
+  // stays intact until the new file is renamed over it.
+  ASSERT_TRUE(WriteFileAtomic(root_.File("t"), bytes.substr(0, 100000)).ok());
+  r = resume(true, ChecksumAlgorithm::kCrc32c);
+  EXPECT_EQ(r.resume, ResumeOutcome::kResumed);
+  EXPECT_EQ(r.resume_base, ResumeBase::kTarget);
+  EXPECT_EQ(r.resumed_from, 100000u);
+  EXPECT_EQ(r.bytes_sent, size - 100000);
+
+  // A target equal to the source: nothing is sent at all.
+  r = resume(true);
+  EXPECT_EQ(r.resume, ResumeOutcome::kComplete);
+  EXPECT_EQ(r.bytes_sent, 0u);
+  EXPECT_EQ(r.bytes_skipped, size);
+
+  // A shorter target whose bytes differ: prefix mismatch, sent from offset 0.
+  std::string wrong = bytes.substr(0, 100000);
+  wrong[5000] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(root_.File("t"), wrong).ok());
+  r = resume(false);
+  EXPECT_EQ(r.resume, ResumeOutcome::kPrefixMismatch);
+  EXPECT_EQ(r.existing_bytes, 100000u);
+  EXPECT_EQ(r.resumed_from, 0u);
+  EXPECT_EQ(r.bytes_sent, size);
+
+  // A longer target: sent again from offset 0.
+  ASSERT_TRUE(WriteFileAtomic(root_.File("t"), bytes + "more").ok());
+  r = resume(false);
+  EXPECT_EQ(r.resume, ResumeOutcome::kLonger);
+  EXPECT_EQ(r.bytes_sent, size);
+
+  // A partial file wins over the target; a bad one is replaced and removed.
+  ASSERT_TRUE(WriteFileAtomic(root_.File(".t.rcopy-partial"), wrong).ok());
+  r = resume(true);
+  EXPECT_EQ(r.resume, ResumeOutcome::kPrefixMismatch);
+  EXPECT_EQ(r.resume_base, ResumeBase::kPartial);
+  EXPECT_FALSE(fs::exists(root_.File(".t.rcopy-partial")));
+
+  // A symlink as the target is never read.
+  TempDir outside;
+  ASSERT_TRUE(WriteFileAtomic(outside.File("secret"), bytes.substr(0, 1000)).ok());
+  fs::remove(root_.File("t"));
+  ASSERT_EQ(::symlink(outside.File("secret").c_str(), root_.File("t").c_str()), 0);
+  r = resume(false);
+  EXPECT_EQ(r.resume, ResumeOutcome::kNothing);
+  EXPECT_FALSE(fs::is_symlink(root_.File("t")));
+  EXPECT_EQ(ReadAll(outside.File("secret")), bytes.substr(0, 1000));
+}
+
+TEST_F(RcopyServerTest, OnlyInterruptionsKeepAPartialFile) {
+  std::string bytes = RandomBytes(10000, 4);
+  {
+    RawClient client(port_);  // checksum mismatch: the data is suspect
+    OpenRequest open = OpenFor("m", bytes.size(), kOpenFlagVerify | kOpenFlagKeepPartial);
+    ASSERT_TRUE(client.conn->Send(kMsgOpen, EncodeOpen(open)).ok());
+    ASSERT_TRUE(client.ReadResult().ok());
+    ASSERT_TRUE(client.conn->SendWithBulk(kMsgData, EncodeData(DataHeader{0}), transport::BulkSource::FromMemory(bytes))
+                    .ok());
+    uint64_t wrong = DigestOf(ChecksumAlgorithm::kXxh3, bytes) ^ 1;
+    ASSERT_TRUE(
+        client.conn->Send(kMsgCommit, EncodeCommit(CommitRequest{bytes.size(), ChecksumAlgorithm::kXxh3, wrong, 0}))
+            .ok());
+    auto result = client.ReadResult();
+    ASSERT_TRUE(result.ok());
+    EXPECT_EQ(result->code, StatusCode::kCorruption);
+  }
+  {
+    RawClient client(port_);  // protocol violation
+    ASSERT_TRUE(client.conn->Send(kMsgOpen, EncodeOpen(OpenFor("v", 100, kOpenFlagKeepPartial))).ok());
+    ASSERT_TRUE(client.ReadResult().ok());
+    ASSERT_TRUE(client.conn->Send(kMsgCommit, EncodeCommit(CommitRequest{100, ChecksumAlgorithm::kNone, 0, 0})).ok());
+    ASSERT_TRUE(client.ReadResult().ok());
+  }
+  EXPECT_TRUE(NoTempFilesWithin(std::chrono::seconds(5)));
+
+  // Stopping the server interrupts a transfer: what arrived is kept.
+  InterruptedTransfer(port_, "unused", bytes, 1, {0}, 4096);  // nothing arrived: nothing kept
+  RawClient client(port_);
+  ASSERT_TRUE(client.conn->Send(kMsgOpen, EncodeOpen(OpenFor("s", bytes.size(), kOpenFlagKeepPartial))).ok());
+  ASSERT_TRUE(client.ReadResult().ok());
+  const uint64_t received_before = server_->stats().bytes_received;
+  ASSERT_TRUE(client.conn
+                  ->SendWithBulk(kMsgData, EncodeData(DataHeader{0}),
+                                 transport::BulkSource::FromMemory(std::string_view(bytes).substr(0, 4096)))
+                  .ok());
+  // Wait (bounded) until the bytes are on the server, then stop it.
+  Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  while (server_->stats().bytes_received < received_before + 4096 && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  server_->Stop();
+  EXPECT_EQ(ReadAll(root_.File(".s.rcopy-partial")), bytes.substr(0, 4096));
+  EXPECT_FALSE(fs::exists(root_.File(".unused.rcopy-partial")));
+  EXPECT_EQ(TempFiles(), std::vector<std::string>{root_.File(".s.rcopy-partial")});
+}
+
+TEST_F(RcopyServerTest, ResumeBaseChangedAfterTheQueryIsAConflict) {
+  std::string bytes = RandomBytes(50000, 5);
+  ASSERT_TRUE(WriteFileAtomic(root_.File(".c.rcopy-partial"), bytes.substr(0, 20000)).ok());
+  RawClient query(port_);
+  ASSERT_TRUE(query.conn->Send(kMsgQuery, EncodeQuery(QueryRequest{"c", ChecksumAlgorithm::kXxh3, bytes.size()})).ok());
+  auto m = query.conn->Receive(Deadline::After(std::chrono::seconds(10)));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->type, kMsgResumeInfo);
+  auto info = DecodeResumeInfo(m->payload);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->base, ResumeBase::kPartial);
+  EXPECT_EQ(info->size, 20000u);
+  EXPECT_EQ(info->digest, DigestOf(ChecksumAlgorithm::kXxh3, bytes.substr(0, 20000)));
+
+  // Someone replaces the partial file before the OPEN.
+  ASSERT_TRUE(WriteFileAtomic(root_.File(".c.rcopy-partial"), bytes.substr(0, 30000)).ok());
+  RawClient client(port_);
+  OpenRequest open = OpenFor("c", bytes.size());
+  open.resume_offset = info->size;
+  open.resume_base = ResumeBase::kPartial;
+  open.base_id = info->base_id;
+  ByteRange r = StreamRange(bytes.size(), info->size, 1, 0);
+  open.range_offset = r.offset;
+  open.range_length = r.length;
+  ASSERT_TRUE(client.conn->Send(kMsgOpen, EncodeOpen(open)).ok());
+  auto result = client.ReadResult();
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->code, StatusCode::kConflict) << result->text;
+  EXPECT_EQ(fs::file_size(root_.File(".c.rcopy-partial")), 30000u);  // left alone
+  EXPECT_FALSE(fs::exists(root_.File("c")));
+}
+
+// --------------------------------------------------------- rate limit
+
+TEST_F(RcopyServerTest, RateLimitIsHeld) {
+  std::string source = WriteSource("rate", 2'000'000, 34);
+  const double limit = 80e6;  // bit/s: 2 MB take 0.2 s
+  for (uint16_t streams : {1, 2}) {
+    ClientOptions o = Options(source, "rate");
+    o.sink = true;
+    o.streams = streams;
+    o.rate_bits_per_second = static_cast<uint64_t>(limit);
+    CopyReport report = CopyFile(o);
+    ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+    double achieved = static_cast<double>(report.bytes_sent) * 8 / report.seconds;
+    EXPECT_LE(achieved, limit * 1.10) << streams << " streams, " << report.seconds << " s";
+    EXPECT_GE(achieved, limit * 0.90) << streams << " streams, " << report.seconds << " s";
+    EXPECT_LT(report.seconds, 2.0);
+    EXPECT_EQ(report.chunk_bytes, 64u << 10);  // 20 ms at 80 Mbit/s is more than the 64 KiB chunk
+  }
+  // A real copy cannot go faster either, and still arrives intact.
+  ClientOptions o = Options(source, "rate");
+  o.rate_bits_per_second = static_cast<uint64_t>(limit);
+  o.chunk_bytes = 16 << 20;
+  CopyReport report = CopyFile(o);
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(report.chunk_bytes, 200'000u);  // messages of 20 ms at the rate
+  EXPECT_LE(static_cast<double>(report.bytes_sent) * 8 / report.seconds, limit * 1.10);
+  EXPECT_EQ(ReadAll(root_.File("rate")), ReadAll(source));
+}
+
+// ------------------------------------------------ connection limits
+
+TEST_F(RcopyServerTest, ClientsBeyondMaxConnectionsGetServerBusy) {
+  server_.reset();
+  StartServer(std::chrono::seconds(10), /*max_connections=*/2);
+  std::string source = WriteSource("b", 100000, 35);
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(std::make_unique<RawClient>(port_));
+    ASSERT_TRUE(held.back()->conn->Send(kMsgOpen, EncodeOpen(OpenFor("held" + std::to_string(i), 10))).ok());
+    ASSERT_TRUE(held.back()->ReadResult().ok());
+  }
+  for (bool resume : {false, true}) {
+    ClientOptions o = Options(source, "b");
+    o.resume = resume;
+    Clock::time_point start = Clock::now();
+    CopyReport report = CopyFile(o);
+    EXPECT_EQ(report.status.code(), StatusCode::kResourceExhausted) << report.status.ToString();
+    EXPECT_NE(report.status.message().find("server busy"), std::string::npos) << report.status.ToString();
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));  // an answer, not a hang
+  }
+  EXPECT_FALSE(fs::exists(root_.File("b")));
+
+  held.clear();  // once they are gone, copies go through again
+  Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  while (server_->stats().active_connections > 0 && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CopyReport report = CopyFile(Options(source, "b"));
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(ReadAll(root_.File("b")), ReadAll(source));
+}
+
+TEST_F(RcopyServerTest, ManyConcurrentClientsWithResumeAndVerify) {
+  constexpr int kClients = 6;
+  std::vector<std::string> sources;
+  for (int i = 0; i < kClients; ++i) sources.push_back(WriteSource("k" + std::to_string(i), 300000 + i, 40 + i));
+  ASSERT_TRUE(WriteFileAtomic(root_.File("k0"), ReadAll(sources[0]).substr(0, 1000)).ok());
+  std::vector<CopyReport> reports(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      ClientOptions o = Options(sources[i], "k" + std::to_string(i));
+      o.streams = static_cast<uint16_t>(1 + i % 3);
+      o.resume = i % 2 == 0;
+      o.verify = i % 3 == 0;
+      reports[i] = CopyFile(o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(reports[i].status.ok()) << i << ": " << reports[i].status.ToString();
+    EXPECT_EQ(ReadAll(root_.File("k" + std::to_string(i))), ReadAll(sources[i]));
+  }
+  EXPECT_EQ(reports[0].resumed_from, 1000u);
+  EXPECT_TRUE(TempFiles().empty());
+}
+
+// ------------------------------------------------------ CLI, JSON schema
+
+const nlohmann::json& Schema() {
+  static const nlohmann::json schema = canopy::testing::LoadJsonSchema("tools/rcopy/rcopy.schema.json");
+  return schema;
+}
+
+TEST_F(RcopyServerTest, CliSuccessConformsToTheSchema) {
+  std::string source = WriteSource("s1", 200000, 50);
+  std::string out;
+  int rc = RunStdout(Rcopy() + " --json --verify -P 2 -p " + std::to_string(port_) + " " + source + " 127.0.0.1", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["mode"], "client");
+  EXPECT_EQ(j["files"].size(), 1u);
+  EXPECT_EQ(j["totals"]["files_ok"], 1);
+  EXPECT_EQ(j["source"], source);  // one file: its fields at the top level too
+}
+
+TEST_F(RcopyServerTest, CliCopiesManyFilesAndTrees) {
+  fs::create_directories(src_.File("tree/a/b"));
+  std::vector<std::string> tree_files = {"tree/a/b/deep", "tree/a/x", "tree/top"};
+  for (size_t i = 0; i < tree_files.size(); ++i) WriteSource(tree_files[i], 1000 * (i + 1), 60 + i);
+  ASSERT_EQ(::symlink("/etc/passwd", src_.File("tree/a/link").c_str()), 0);
+  std::string one = WriteSource("one", 70000, 61);
+  std::string two = WriteSource("two", 0, 62);
+
+  std::string out;
+  int rc = RunStdout(Rcopy() + " --json -r -p " + std::to_string(port_) + " " + src_.File("tree") + " " + one + " " +
+                         two + " 127.0.0.1:in/here",
+                     &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["files"].size(), 5u);
+  EXPECT_EQ(j["files"][0]["destination"], "in/here/tree/a/b/deep");
+  EXPECT_EQ(j["totals"]["files"], 5);
+  EXPECT_EQ(j["totals"]["files_ok"], 5);
+  EXPECT_EQ(j["totals"]["files_skipped"], 1);
+  EXPECT_EQ(j["totals"]["bytes"], 1000 + 2000 + 3000 + 70000);
+  EXPECT_EQ(j["skipped"][0]["reason"], "symbolic link");
+  EXPECT_FALSE(j.contains("source"));  // several files: only per file
+  for (const std::string& f : tree_files) {
+    EXPECT_EQ(ReadAll(root_.File("in/here/" + f)), ReadAll(src_.File(f))) << f;
+  }
+  EXPECT_EQ(ReadAll(root_.File("in/here/one")), ReadAll(one));
+  EXPECT_TRUE(fs::exists(root_.File("in/here/two")));
+  EXPECT_FALSE(fs::exists(root_.File("in/here/tree/a/link")));
+
+  // Text: a line per file and the totals.
+  out.clear();
+  rc = RunStdout(Rcopy() + " -p " + std::to_string(port_) + " " + one + " " + two + " 127.0.0.1:again", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("'again/one'"), std::string::npos) << out;
+  EXPECT_NE(out.find("'again/two'"), std::string::npos) << out;
+  EXPECT_NE(out.find("rcopy: 2 files (0 failed), 70000 bytes sent"), std::string::npos) << out;
+}
+
+TEST_F(RcopyServerTest, CliPerFileFailuresAreReportedAndTheRunGoesOn) {
+  std::string one = WriteSource("one", 5000, 63);
+  std::string out;
+  int rc = RunStdout(Rcopy() + " --json -p " + std::to_string(port_) + " /nonexistent/f " + src_.path() + " " + one +
+                         " 127.0.0.1:d",
+                     &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_FALSE(j["ok"].get<bool>());
+  EXPECT_EQ(j["error_code"], "NotFound");
+  EXPECT_EQ(j["totals"]["files_failed"], 2);
+  EXPECT_EQ(j["totals"]["files_ok"], 1);
+  EXPECT_EQ(j["files"][1]["error_code"], "InvalidArgument");  // a directory without -r
+  EXPECT_EQ(ReadAll(root_.File("d/one")), ReadAll(one));
+
+  // The server's path rules hold for trees: a symlinked directory on the
+  // server is refused for every file, nothing lands outside.
+  TempDir outside;
+  ASSERT_EQ(::symlink(outside.path().c_str(), root_.File("escape").c_str()), 0);
+  fs::create_directories(src_.File("t/sub"));
+  WriteSource("t/sub/f", 100, 64);
+  WriteSource("t/g", 100, 65);
+  out.clear();
+  rc = RunStdout(Rcopy() + " --json -r -p " + std::to_string(port_) + " " + src_.File("t/") + " 127.0.0.1:escape",
+                 &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["error_code"], "PermissionDenied");
+  EXPECT_EQ(j["totals"]["files_failed"], 2);
+  EXPECT_TRUE(fs::is_empty(outside.path()));
+}
+
+TEST_F(RcopyServerTest, CliServerBusyIsAJsonError) {
+  server_.reset();
+  StartServer(std::chrono::seconds(10), /*max_connections=*/1);
+  RawClient held(port_);
+  ASSERT_TRUE(held.conn->Send(kMsgOpen, EncodeOpen(OpenFor("held", 10))).ok());
+  ASSERT_TRUE(held.ReadResult().ok());
+  std::string source = WriteSource("x", 1000, 66);
+  std::string out;
+  int rc = RunStdout(Rcopy() + " --json -p " + std::to_string(port_) + " " + source + " " + source + " 127.0.0.1:d",
+                     &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["error_code"], "ResourceExhausted");
+  EXPECT_NE(j["error"].get<std::string>().find("server busy"), std::string::npos) << out;
+  EXPECT_EQ(j["totals"]["files_not_attempted"], 1);  // the run stops: the server, not the file, failed
+}
+
+// An rcopy server process (the real binary) on 127.0.0.1.
+class ServerProcess {
+ public:
+  ServerProcess(const std::string& root, const std::vector<std::string>& extra) : port_file_(dir_.File("port")) {
+    std::vector<std::string> args = {Rcopy(), "--server", "-q",       "--root",      root,        "--bind",
+                                     "127.0.0.1", "-p",   "0",        "--port-file", port_file_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = canopy::testing::ForkChild([&]() -> int {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      return 91;
+    });
+  }
+  ~ServerProcess() { Stop(); }
+
+  // The port, once the server wrote its port file (bounded wait).
+  std::string WaitForPort() {
+    Deadline deadline = Deadline::After(std::chrono::seconds(10));
+    while (!PathExists(port_file_) && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    auto text = ReadFileToString(port_file_);
+    return text.ok() ? text->substr(0, text->find('\n')) : std::string();
+  }
+
+  // SIGTERM and wait; returns the wait status (-1 on timeout).
+  int Stop() {
+    if (pid_ <= 0) return status_;
+    ::kill(pid_, SIGTERM);
+    status_ = canopy::testing::WaitChild(pid_, std::chrono::seconds(10));
+    pid_ = -1;
+    return status_;
+  }
+
+ private:
+  TempDir dir_;
+  std::string port_file_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+std::string ReadWhole(const std::string& path) {
+  auto r = ReadFileToString(path);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : std::string();
+}
+
+TEST(RcopyCli, KilledCopyIsResumedFromItsPartialFile) {
+  TempDir root;
+  TempDir src;
+  ServerProcess server(root.path(), {"--idle-timeout", "10"});
+  std::string port = server.WaitForPort();
+  ASSERT_FALSE(port.empty()) << "server did not start";
+  const size_t size = 4 << 20;
+  std::string bytes = RandomBytes(size, 70);
+  ASSERT_TRUE(WriteFileAtomic(src.File("big"), bytes).ok());
+
+  // A slow copy (40 Mbit/s: about 0.8 s), killed once 1 MiB arrived.
+  std::string binary = Rcopy();
+  std::string source = src.File("big");
+  pid_t client = canopy::testing::ForkChild([&]() -> int {
+    int null_fd = ::open("/dev/null", O_WRONLY);
+    ::dup2(null_fd, 1);
+    ::dup2(null_fd, 2);
+    ::execl(binary.c_str(), binary.c_str(), "-q", "--rate", "40M", "--chunk", "64K", "-p", port.c_str(),
+            source.c_str(), "127.0.0.1:big", static_cast<char*>(nullptr));
+    return 91;
+  });
+  ASSERT_GT(client, 0);
+  auto temp_bytes = [&]() -> uint64_t {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root.path(), ec)) {
+      if (e.path().extension() == ".tmp") return fs::file_size(e.path(), ec);
+    }
+    return 0;
+  };
+  Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  while (temp_bytes() < (1u << 20) && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(client, SIGKILL);
+  int status = canopy::testing::WaitChild(client, std::chrono::seconds(10));
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the copy finished before it was killed: " << status;
+
+  const std::string partial = root.File(".big.rcopy-partial");
+  ASSERT_TRUE(AppearsWithin(partial, std::chrono::seconds(10)));
+  EXPECT_FALSE(fs::exists(root.File("big")));
+  const uint64_t kept = fs::file_size(partial);
+  EXPECT_GE(kept, 1u << 20);
+  EXPECT_LT(kept, size);
+  EXPECT_EQ(kept % (64 << 10), 0u);  // whole DATA messages only
+  EXPECT_EQ(ReadWhole(partial), bytes.substr(0, kept));
+
+  std::string out;
+  int rc = RunStdout(Rcopy() + " --json --resume --verify -p " + port + " " + source + " 127.0.0.1:big", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["resume"]["outcome"], "resumed");
+  EXPECT_EQ(j["resume"]["base"], "partial");
+  EXPECT_EQ(j["bytes_skipped"].get<uint64_t>(), kept);
+  EXPECT_EQ(j["resumed_from"].get<uint64_t>(), kept);
+  EXPECT_EQ(j["bytes_sent"].get<uint64_t>(), size - kept);
+  EXPECT_TRUE(j.contains("file_digest"));
+  EXPECT_EQ(ReadWhole(root.File("big")), bytes);
+  EXPECT_FALSE(fs::exists(partial));
+
+  // Again: already complete, nothing sent, said in words.
+  out.clear();
+  rc = RunStdout(Rcopy() + " --resume -p " + port + " " + source + " 127.0.0.1:big", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("nothing sent"), std::string::npos) << out;
+  // A changed source: prefix mismatch, copied again from offset 0.
+  bytes[10] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(source, bytes.substr(0, size - 5)).ok());
+  ASSERT_TRUE(WriteFileAtomic(source + "2", bytes).ok());
+  out.clear();
+  rc = RunStdout(Rcopy() + " --resume -p " + port + " " + source + "2 127.0.0.1:big", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("prefix mismatch"), std::string::npos) << out;
+  EXPECT_EQ(ReadWhole(root.File("big")), bytes);
+
+  EXPECT_EQ(server.Stop(), 0);
+}
+
+TEST(RcopyCli, ServerStopsAfterMaxDuration) {
+  TempDir root;
+  TempDir dir;
+  const std::string port_file = dir.File("port");
+  std::string out;
+  int rc = -1;
+  Clock::time_point start = Clock::now();
+  std::thread server([&] {
+    rc = RunStdout(Rcopy() + " --server --json --root " + root.path() + " --bind 127.0.0.1 -p 0 --port-file " +
+                       port_file + " --max-duration 1.5",
+                   &out);
+  });
+  Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  while (!PathExists(port_file) && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto port = ReadFileToString(port_file);
+  if (port.ok()) {
+    ASSERT_TRUE(WriteFileAtomic(dir.File("f"), "served while it ran").ok());
+    std::string copy_out;
+    EXPECT_EQ(RunCommand(Rcopy() + " -q -p " + port->substr(0, port->find('\n')) + " " + dir.File("f") + " 127.0.0.1",
+                         &copy_out),
+              0)
+        << copy_out;
+  }
+  server.join();
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  ASSERT_TRUE(port.ok()) << "server did not start";
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_GE(seconds, 1.5);
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["stop_reason"], "max-duration");
+  EXPECT_EQ(j["files_published"], 1);
+  EXPECT_TRUE(fs::exists(root.File("f")));
+}
+
+TEST(RcopyCli, JsonConformsOnEveryFailure) {
+  transport::RegisterBuiltinTransports();
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.File("f"), "data").ok());
+  struct Case {
+    std::string args;
+    int exit_status;
+    const char* error_code;
+  };
+  const std::string unused = std::to_string(UnusedPort());
+  std::vector<Case> cases = {
+      {"-p " + unused + " " + dir.File("f") + " 127.0.0.1", 1, "Unavailable"},          // unreachable peer
+      {"-p " + unused + " --resume " + dir.File("f") + " 127.0.0.1", 1, "Unavailable"},  // ... asked to resume
+      {"-p " + unused + " " + dir.File("f") + " " + dir.File("f") + " 127.0.0.1:d", 1, "Unavailable"},
+      {"/nonexistent/file 127.0.0.1", 1, "NotFound"},                                    // missing source
+      {"-p " + unused + " " + dir.path() + " 127.0.0.1", 1, "InvalidArgument"},          // a directory, no -r
+      {"--bogus", 2, "InvalidArgument"},                                                 // usage errors
+      {"onlyone", 2, "InvalidArgument"},
+      {"--rate 12Q a 127.0.0.1", 2, "InvalidArgument"},
+      {"--resume --sink a 127.0.0.1", 2, "InvalidArgument"},
+      {"--server", 2, "InvalidArgument"},
+      {"--server --root /tmp --max-duration -3", 2, "InvalidArgument"},
+      {"--server --root /nonexistent/root -p 0", 1, "NotFound"},                         // server cannot start
+  };
+  for (const Case& c : cases) {
+    std::string out;
+    int rc = RunStdout(Rcopy() + " --json --connect-timeout 3 " + c.args, &out);
+    EXPECT_EQ(rc, c.exit_status) << c.args << ": " << out;
+    EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "") << c.args;
+    auto j = nlohmann::json::parse(out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << c.args << ": " << out;
+    EXPECT_FALSE(j["ok"].get<bool>()) << c.args;
+    EXPECT_EQ(j["error_code"], c.error_code) << c.args << ": " << out;
+    EXPECT_EQ(j.contains("usage"), c.exit_status == 2) << c.args;
+  }
 }
 
 }  // namespace

@@ -181,7 +181,7 @@ int RunNode(int argc, char** argv) {
       ("failure-ms", po::value(&failure_ms)->default_value(1500), "a peer silent this long is considered dead")
       ("install-fsync", po::value(&install_fsync)->default_value("finish"),
        "snapshot installs (replica catch-up, node join): finish (one fsync per tree once it is complete) or "
-       "each-chunk (fsync after every received chunk; for benchmarks, bench/join.sh)")
+       "each-chunk (fsync after every received chunk; for benchmarks)")
       ("uri-file", po::value(&uri_file), "write the served URI to this file once listening")
       ("http", po::value(&http_address),
        "serve the bulletin-board HTTP/JSON API on IPv4:port or [IPv6]:port (port 0 picks a free port; it is "

@@ -1,6 +1,11 @@
 // get: a wget-style HTTP/1.1 client. Downloads one URL to a file, with resume
 // (--continue), retries, redirects, a progress bar on a terminal, and a
 // summary in bytes, seconds and Gbit/s (decimal: 1 Gbit = 1e9 bits).
+//
+// Exit status: 0 success, 1 any runtime failure, 2 bad usage (wget's finer
+// codes 3..8 are not used; with --json, "error_code" tells the failures
+// apart). With --json, stdout is exactly one JSON document in every case
+// (tools/get/get.schema.json).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +22,7 @@
 
 #include "base/clock.h"
 #include "base/file.h"
+#include "tools/cli/cli.h"
 #include "tools/http/client.h"
 #include "tools/http/parser.h"
 #include "tools/http/url.h"
@@ -53,10 +59,27 @@ struct Outcome {
 };
 
 // An error worth another try (network trouble, 5xx) or not (4xx, local I/O).
+// `code` is the --json "error_code" (one of the k*Code constants below).
 struct AttemptError {
   Status status;
   bool retryable = false;
+  const char* code = "";
 };
+
+// The "error_code" values, as the usage text and get.schema.json list them.
+constexpr char kUsageCode[] = "usage";          // bad command line (exit status 2)
+constexpr char kResolveCode[] = "resolve";      // the host name does not resolve
+constexpr char kConnectCode[] = "connect";      // connection refused or unreachable
+constexpr char kTimeoutCode[] = "timeout";      // no connection or no data within --timeout
+constexpr char kIoCode[] = "io";                // send/receive failed, or the server closed early
+constexpr char kProtocolCode[] = "protocol";    // malformed or inconsistent response
+constexpr char kRedirectsCode[] = "redirects";  // more than --max-redirect redirects
+constexpr char kHttpStatusCode[] = "http_status";  // the server answered an error status
+constexpr char kFileCode[] = "file";            // the output file could not be written
+constexpr char kConflictCode[] = "conflict";    // --continue: local file larger than the remote one
+
+// A network failure after connecting: a timeout, else "io".
+AttemptError NetError(const Status& s) { return {s, true, s.IsTimeout() ? kTimeoutCode : kIoCode}; }
 
 class ProgressBar {
  public:
@@ -114,28 +137,33 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
   auto io_timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.timeout_s * 1000));
   for (int redirect = 0;; ++redirect) {
     Result<http::SocketAddress> addr = http::ResolveHost(url.host, url.port);
-    if (!addr.ok()) return {addr.status(), true};
+    if (!addr.ok()) return {addr.status(), true, kResolveCode};
     Result<UniqueFd> conn = http::ConnectTcp(*addr, Deadline::After(io_timeout), io_timeout);
-    if (!conn.ok()) return {conn.status(), true};
+    if (!conn.ok()) return {conn.status(), true, conn.status().IsTimeout() ? kTimeoutCode : kConnectCode};
     int fd = conn->get();
     http::Headers extra;
     if (*offset > 0) extra.Add("Range", fmt::format("bytes={}-", *offset));
     Status s = http::SendAll(fd, http::BuildRequest("GET", url, extra, /*keep_alive=*/false, "canopy-get/0.1"));
-    if (!s.ok()) return {s.WithContext(url.ToString()), true};
+    if (!s.ok()) return NetError(s.WithContext(url.ToString()));
     std::string buffer;
     Result<http::ResponseHead> head = http::ReadResponseHead(fd, &buffer);
-    if (!head.ok()) return {head.status().WithContext(url.ToString()), true};
+    if (!head.ok()) {
+      if (head.status().IsCorruption()) return {head.status().WithContext(url.ToString()), true, kProtocolCode};
+      return NetError(head.status().WithContext(url.ToString()));
+    }
     out->status = head->status;
     out->final_url = url.ToString();
     int st = head->status;
     if (st == 301 || st == 302 || st == 303 || st == 307 || st == 308) {
       const std::string* location = head->headers.Find("Location");
-      if (location == nullptr) return {Status::Corruption(fmt::format("HTTP {} without Location", st)), false};
+      if (location == nullptr) {
+        return {Status::Corruption(fmt::format("HTTP {} without Location", st)), false, kProtocolCode};
+      }
       if (redirect >= opt.max_redirects) {
-        return {Status::Aborted(fmt::format("more than {} redirects", opt.max_redirects)), false};
+        return {Status::Aborted(fmt::format("more than {} redirects", opt.max_redirects)), false, kRedirectsCode};
       }
       Result<http::Url> next = http::ResolveLocation(url, *location);
-      if (!next.ok()) return {next.status(), false};
+      if (!next.ok()) return {next.status(), false, kProtocolCode};
       if (!opt.quiet) std::fprintf(stderr, "get: %d redirect to %s\n", st, next->ToString().c_str());
       url = *next;
       ++out->redirects;
@@ -146,10 +174,11 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
       const std::string* cr = head->headers.Find("Content-Range");
       uint64_t remote = 0;
       if (cr == nullptr || cr->rfind("bytes */", 0) != 0 || !http::ParseContentLength(cr->substr(8), &remote)) {
-        return {Status::Corruption("416 without a usable Content-Range"), false};
+        return {Status::Corruption("416 without a usable Content-Range"), false, kProtocolCode};
       }
       if (remote != *offset) {
-        return {Status::Conflict(fmt::format("local file has {} bytes but the remote one {}", *offset, remote)), false};
+        return {Status::Conflict(fmt::format("local file has {} bytes but the remote one {}", *offset, remote)), false,
+                kConflictCode};
       }
       out->already_complete = true;
       out->file_size = *offset;
@@ -157,13 +186,15 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
     }
     bool partial = st == 206;
     if (st != 200 && !partial) {
-      return {Status::Unavailable(fmt::format("{}: HTTP {} {}", url.ToString(), st, head->reason)), st >= 500};
+      return {Status::Unavailable(fmt::format("{}: HTTP {} {}", url.ToString(), st, head->reason)), st >= 500,
+              kHttpStatusCode};
     }
     if (partial) {
       const std::string* cr = head->headers.Find("Content-Range");
       std::string expect = fmt::format("bytes {}-", *offset);
       if (*offset == 0 || cr == nullptr || cr->rfind(expect, 0) != 0) {
-        return {Status::Corruption(fmt::format("206 with unexpected Content-Range '{}'", cr ? *cr : "")), false};
+        return {Status::Corruption(fmt::format("206 with unexpected Content-Range '{}'", cr ? *cr : "")), false,
+                kProtocolCode};
       }
       if (out->resumed_from == 0) out->resumed_from = *offset;
     } else if (*offset > 0) {
@@ -171,17 +202,17 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
       *offset = 0;
     }
     Result<http::BodyReader> body = http::BodyReader::ForResponse(*head, /*request_was_head=*/false);
-    if (!body.ok()) return {body.status(), false};
+    if (!body.ok()) return {body.status(), false, kProtocolCode};
 
     UniqueFd file;
     int out_fd = STDOUT_FILENO;
     if (!to_stdout) {
       int flags = O_WRONLY | O_CREAT | (partial ? 0 : O_TRUNC);
       Result<UniqueFd> f = OpenFile(opt.output, flags);
-      if (!f.ok()) return {f.status(), false};
+      if (!f.ok()) return {f.status(), false, kFileCode};
       file = std::move(*f);
       if (partial && ::lseek(file.get(), static_cast<off_t>(*offset), SEEK_SET) < 0) {
-        return {ErrnoStatus(errno, "seek " + opt.output), false};
+        return {ErrnoStatus(errno, "seek " + opt.output), false, kFileCode};
       }
       out_fd = file.get();
     }
@@ -199,30 +230,47 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
     std::string chunk(kBufferBytes, '\0');
     while (!body->done() && write_status.ok() && !body->failed()) {
       Result<size_t> n = http::RecvSome(fd, chunk.data(), chunk.size());
-      if (!n.ok()) return {n.status().WithContext(url.ToString()), true};
+      if (!n.ok()) return NetError(n.status().WithContext(url.ToString()));
       if (*n == 0) {
         Status eof = body->OnEof();
-        if (!eof.ok()) return {eof.WithContext(url.ToString()), true};
+        if (!eof.ok()) return {eof.WithContext(url.ToString()), true, kIoCode};
         break;
       }
       body->Feed(std::string_view(chunk.data(), *n), sink);
       bar->Update(*offset, total);
     }
-    if (!write_status.ok()) return {write_status, false};
-    if (body->failed()) return {Status::Corruption("bad chunked body: " + body->error()), true};
+    if (!write_status.ok()) return {write_status, false, kFileCode};
+    if (body->failed()) return {Status::Corruption("bad chunked body: " + body->error()), true, kProtocolCode};
     bar->Update(*offset, total, /*force=*/true);
     out->file_size = *offset;
     return {Status::Ok(), false};
   }
 }
 
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+
+constexpr char kUnits[] = "decimal Gbit/s (10^9 bit/s)";
+
+const char kUsageText[] =
+    "get: download a URL over HTTP/1.1 (like wget)\n"
+    "usage: get URL [-O FILE] [options]\n"
+    "exit status: 0 success, 1 any runtime failure, 2 bad usage (wget's codes 3..8 are not used;\n"
+    "with --json, \"error_code\" says what failed: resolve, connect, timeout, io, protocol,\n"
+    "redirects, http_status, file, conflict, or usage). Gbit/s are decimal (10^9 bit/s).\n"
+    "options";
+
+int UsageError(const std::string& message, bool json) { return cli::UsageError("get", message, json); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  const bool json_requested = cli::CommandLineHas(argc, argv, "--json");
+  Options opt;
+  po::variables_map vm;
+  po::options_description desc(kUsageText);
   try {
-    Options opt;
-    po::options_description desc(
-        "get: download a URL over HTTP/1.1 (like wget)\nusage: get URL [-O FILE] [options]\noptions");
     desc.add_options()
         ("help,h", "show this help")
         ("output-document,O", po::value(&opt.output), "write to FILE ('-' = stdout); default: the URL's file name")
@@ -232,30 +280,32 @@ int main(int argc, char** argv) {
          "seconds to wait for connect or for data before an attempt fails")
         ("max-redirect", po::value(&opt.max_redirects)->default_value(opt.max_redirects), "redirects to follow")
         ("quiet,q", po::bool_switch(&opt.quiet), "no progress bar and no summary line")
-        ("json", po::bool_switch(&opt.json), "print the summary as one JSON object on stdout")
+        ("json", po::bool_switch(&opt.json),
+         "print the summary as one JSON object on stdout, also on failure (tools/get/get.schema.json)")
         ("url", po::value(&opt.url), "the http:// URL (also positional)");
     po::positional_options_description pos;
     pos.add("url", 1);
-    po::variables_map vm;
     po::store(po::command_line_parser(argc, argv).options(desc).positional(pos).run(), vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
-      return 0;
+      return kExitOk;
     }
     po::notify(vm);
-    if (opt.url.empty()) throw std::runtime_error("missing URL");
-    if (opt.tries < 1) throw std::runtime_error("--tries must be at least 1");
-    if (opt.timeout_s <= 0) throw std::runtime_error("--timeout must be positive");
-    Result<http::Url> url = http::ParseUrl(opt.url);
-    if (!url.ok()) {
-      std::fprintf(stderr, "get: %s\n", url.status().ToString().c_str());
-      return 2;
-    }
-    if (opt.output.empty()) opt.output = DefaultOutputName(*url);
-    bool to_stdout = opt.output == "-";
-    if (to_stdout && opt.resume) throw std::runtime_error("--continue needs a file, not stdout");
-    if (to_stdout && opt.json) throw std::runtime_error("--json prints on stdout; use -O FILE with it");
+  } catch (const std::exception& e) {
+    return UsageError(e.what(), json_requested);
+  }
+  if (opt.url.empty()) return UsageError("missing URL", opt.json);
+  if (opt.tries < 1) return UsageError("--tries must be at least 1", opt.json);
+  if (opt.timeout_s <= 0) return UsageError("--timeout must be positive", opt.json);
+  if (opt.max_redirects < 0) return UsageError("--max-redirect must be at least 0", opt.json);
+  Result<http::Url> url = http::ParseUrl(opt.url);
+  if (!url.ok()) return UsageError(url.status().ToString(), opt.json);
+  if (opt.output.empty()) opt.output = DefaultOutputName(*url);
+  bool to_stdout = opt.output == "-";
+  if (to_stdout && opt.resume) return UsageError("--continue needs a file, not stdout", opt.json);
+  if (to_stdout && opt.json) return UsageError("--json prints on stdout; use -O FILE with it", opt.json);
 
+  try {
     uint64_t offset = 0;
     if (opt.resume) {
       struct stat st {};
@@ -266,11 +316,11 @@ int main(int argc, char** argv) {
     Outcome out;
     auto start = Clock::now();
     bar.Begin(offset);
-    Status last;
+    AttemptError last;
     for (int attempt = 1; attempt <= opt.tries; ++attempt) {
       out.attempts = attempt;
       AttemptError r = Attempt(opt, *url, to_stdout, &offset, &out, &bar);
-      last = r.status;
+      last = r;
       if (r.status.ok()) break;
       if (!r.retryable || attempt == opt.tries) break;
       if (!opt.quiet) {
@@ -282,35 +332,52 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200 * attempt));
     }
     bar.Finish();
+    bool ok = last.status.ok();
     double secs = std::chrono::duration<double>(Clock::now() - start).count();
     double gbps = secs > 0 ? static_cast<double>(out.bytes) * 8 / secs / 1e9 : 0;
     if (opt.json) {
-      nlohmann::json j = {{"url", opt.url},       {"final_url", out.final_url},
-                          {"file", opt.output},   {"ok", last.ok()},
-                          {"status", out.status}, {"bytes", out.bytes},
-                          {"file_size", out.file_size}, {"resumed_from", out.resumed_from},
-                          {"already_complete", out.already_complete}, {"attempts", out.attempts},
-                          {"redirects", out.redirects}, {"seconds", secs},
-                          {"gbit_per_s", gbps}};
-      if (!last.ok()) j["error"] = last.ToString();
+      nlohmann::json j = {{"ok", ok},
+                          {"tool", "get"},
+                          {"url", opt.url},
+                          {"final_url", out.final_url},
+                          {"file", opt.output},
+                          {"status", out.status},
+                          {"bytes", out.bytes},
+                          {"file_size", out.file_size},
+                          {"resumed_from", out.resumed_from},
+                          {"already_complete", out.already_complete},
+                          {"attempts", out.attempts},
+                          {"redirects", out.redirects},
+                          {"seconds", secs},
+                          {"gbit_per_s", gbps},
+                          {"units", {{"gbit_per_s", kUnits}, {"seconds", "seconds"}, {"bytes", "bytes"}}}};
+      if (!ok) {
+        j["error"] = last.status.ToString();
+        j["error_code"] = last.code;
+      }
       std::printf("%s\n", j.dump().c_str());
     }
-    if (!last.ok()) {
-      std::fprintf(stderr, "get: %s\n", last.ToString().c_str());
-      return 1;
+    if (!ok) {
+      std::fprintf(stderr, "get: %s\n", last.status.ToString().c_str());
+      return kExitFailed;
     }
     if (!opt.quiet && !opt.json) {
       if (out.already_complete) {
         std::fprintf(stderr, "get: %s is already complete (%llu bytes)\n", opt.output.c_str(),
                      static_cast<unsigned long long>(out.file_size));
       } else {
-        std::fprintf(stderr, "get: %s: %llu bytes in %.3f s = %.3f Gbit/s\n", opt.output.c_str(),
-                     static_cast<unsigned long long>(out.bytes), secs, gbps);
+        std::fprintf(stderr, "get: %s: %llu bytes in %.3f s = %.3f Gbit/s (decimal, 10^9 bit/s)\n",
+                     opt.output.c_str(), static_cast<unsigned long long>(out.bytes), secs, gbps);
       }
     }
-    return 0;
+    return kExitOk;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "get: %s (try --help)\n", e.what());
-    return 2;
+    // Not expected (errors are values above); keep stdout one JSON document anyway.
+    if (opt.json) {
+      nlohmann::json j = {{"ok", false}, {"tool", "get"}, {"error", e.what()}, {"error_code", "internal"}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+    std::fprintf(stderr, "get: %s\n", e.what());
+    return kExitFailed;
   }
 }

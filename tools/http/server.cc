@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -136,6 +137,7 @@ class Server::Impl {
   std::string access_buffer_;
   ServerStats stats_;
   bool stopping_ = false;
+  Clock::time_point run_end_ = Clock::time_point::max();  // max_duration
 };
 
 Status Server::Impl::Init() {
@@ -188,6 +190,8 @@ Status Server::Impl::Init() {
 
 Status Server::Impl::Run() {
   epoll_event events[kMaxEvents];
+  now_ = Clock::now();
+  if (options_.max_duration.count() > 0) run_end_ = now_ + options_.max_duration;
   while (!stopping_) {
     FlushAccessLog();
     int n = ::epoll_wait(epoll_fd_.get(), events, kMaxEvents, NextTimeoutMs());
@@ -208,6 +212,10 @@ Status Server::Impl::Run() {
       }
     }
     ExpireTimers();
+    if (now_ >= run_end_) {
+      stats_.max_duration_reached = true;
+      stopping_ = true;
+    }
   }
   FlushAccessLog();
   while (!connections_.empty()) Close(connections_.begin()->second.get());
@@ -215,7 +223,7 @@ Status Server::Impl::Run() {
 }
 
 int Server::Impl::NextTimeoutMs() const {
-  auto soonest = now_ + std::chrono::seconds(1);
+  auto soonest = std::min(now_ + std::chrono::seconds(1), run_end_);
   for (const auto* list : {&idle_list_, &linger_list_}) {
     if (list->empty()) continue;
     auto it = connections_.find(list->front());

@@ -13,7 +13,12 @@
 //  - Pipelined requests are answered in order, one at a time.
 //  - A connection idle (no bytes in or out) for idle_timeout is closed.
 //  - Beyond max_connections, a new connection is accepted, answered
-//    "503 Service Unavailable" with Retry-After and closed.
+//    "503 Service Unavailable" with "Retry-After: 1" and "Connection: close"
+//    at once (without waiting for its request), half-closed and dropped when
+//    the peer closes (or after 2 s); such connections do not count toward the
+//    limit.
+//  - With max_duration > 0, Run() returns by itself once it has run that
+//    long, as if Stop() had been called.
 //  - When the process runs out of file descriptors (EMFILE) a reserve
 //    descriptor is released so the pending connection can be accepted and
 //    closed, instead of spinning on the listening socket.
@@ -58,6 +63,7 @@ struct ServerOptions {
   size_t max_connections = 10000;          // open connections beyond this are answered 503
   RequestLimits limits;
   std::chrono::milliseconds idle_timeout{30000};
+  std::chrono::milliseconds max_duration{0};  // Run() returns after this long; 0: no limit
   int access_log_fd = -1;                  // Common Log Format lines go here; -1: off. Not owned.
   std::string server_name = "canopy-httpd";
 };
@@ -70,6 +76,7 @@ struct ServerStats {
   uint64_t idle_closed = 0;
   uint64_t bytes_sent = 0;
   uint64_t open_connections = 0;
+  bool max_duration_reached = false;  // Run() returned because of max_duration
 };
 
 class Server {
@@ -84,7 +91,7 @@ class Server {
   // The bound port (the ephemeral one when options.port was 0).
   uint16_t port() const;
 
-  // Serves until Stop(). Returns an error only if epoll itself fails.
+  // Serves until Stop() or max_duration. Returns an error only if epoll itself fails.
   Status Run();
 
   // Makes Run() return soon (open connections are closed). Async-signal-safe.

@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
     size_t max_uri_bytes = 8192;
     uint64_t max_body_bytes = 1 << 20;
     double idle_timeout_s = 30;
+    double max_duration_s = 0;
     std::string access_log;
 
     po::options_description desc(
@@ -60,6 +61,8 @@ int main(int argc, char** argv) {
          "request bodies larger than this get 413")
         ("idle-timeout", po::value(&idle_timeout_s)->default_value(idle_timeout_s),
          "seconds a connection may sit idle (keep-alive or a slow request) before it is closed")
+        ("max-duration", po::value(&max_duration_s)->default_value(max_duration_s),
+         "exit (status 0) after serving this many seconds, closing open connections as SIGTERM does; 0 = no limit")
         ("access-log", po::value(&access_log),
          "write a Common Log Format line per request to this file ('-' = stderr)");
     po::variables_map vm;
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
     po::notify(vm);
     if (port < 0 || port > 65535) throw std::runtime_error("--port must be 0..65535");
     if (idle_timeout_s <= 0) throw std::runtime_error("--idle-timeout must be positive");
+    if (max_duration_s < 0) throw std::runtime_error("--max-duration must be at least 0 (0: no limit)");
     if (max_connections == 0) throw std::runtime_error("--max-connections must be at least 1");
     if (max_header_bytes < 64 || max_uri_bytes < 16) throw std::runtime_error("header/URI limits are too small");
 
@@ -100,6 +104,8 @@ int main(int argc, char** argv) {
     options.limits.max_uri_bytes = max_uri_bytes;
     options.limits.max_body_bytes = max_body_bytes;
     options.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle_timeout_s * 1000));
+    options.max_duration = std::chrono::milliseconds(static_cast<int64_t>(max_duration_s * 1000));
+    if (max_duration_s > 0 && options.max_duration.count() == 0) options.max_duration = std::chrono::milliseconds(1);
     options.access_log_fd = access_log_fd;
 
     rlimit files{};
@@ -129,8 +135,9 @@ int main(int argc, char** argv) {
     Status s = (*server)->Run();
     g_server = nullptr;
     http::ServerStats st = (*server)->stats();
-    CANOPY_LOG(kInfo, "httpd: stopped; {} connections, {} refused, {} requests, {} bad, {} bytes sent",
-               st.connections_accepted, st.connections_refused, st.requests, st.bad_requests, st.bytes_sent);
+    CANOPY_LOG(kInfo, "httpd: stopped{}; {} connections, {} refused, {} requests, {} bad, {} bytes sent",
+               st.max_duration_reached ? " (--max-duration reached)" : "", st.connections_accepted,
+               st.connections_refused, st.requests, st.bad_requests, st.bytes_sent);
     if (!s.ok()) {
       std::fprintf(stderr, "httpd: %s\n", s.ToString().c_str());
       return 1;

@@ -53,6 +53,12 @@ Result<uint64_t> DigestFileRange(int fd, uint64_t offset, uint64_t length, Check
                                  const std::atomic<bool>* cancel) {
   Digest digest(algorithm);
   if (algorithm == ChecksumAlgorithm::kNone) return uint64_t{0};
+  CANOPY_RETURN_IF_ERROR(UpdateDigestFromFile(digest, fd, offset, length, cancel));
+  return digest.Value();
+}
+
+Status UpdateDigestFromFile(Digest& digest, int fd, uint64_t offset, uint64_t length,
+                            const std::atomic<bool>* cancel) {
   constexpr size_t kPiece = 1u << 20;
   std::vector<char> buffer(std::min<uint64_t>(kPiece, std::max<uint64_t>(length, 1)));
   while (length > 0) {
@@ -73,7 +79,7 @@ Result<uint64_t> DigestFileRange(int fd, uint64_t offset, uint64_t length, Check
     offset += static_cast<uint64_t>(got);
     length -= static_cast<uint64_t>(got);
   }
-  return digest.Value();
+  return Status::Ok();
 }
 
 std::string DigestHex(uint64_t digest) { return fmt::format("{:016x}", digest); }

@@ -48,6 +48,12 @@ uint64_t DigestOf(ChecksumAlgorithm algorithm, std::string_view bytes);
 Result<uint64_t> DigestFileRange(int fd, uint64_t offset, uint64_t length, ChecksumAlgorithm algorithm,
                                  const std::atomic<bool>* cancel = nullptr);
 
+// The same, feeding the bytes into `digest` (which may already hold the bytes
+// before offset: the digest of a whole file can be built range by range, in
+// order). On error `digest` holds an unspecified prefix.
+Status UpdateDigestFromFile(Digest& digest, int fd, uint64_t offset, uint64_t length,
+                            const std::atomic<bool>* cancel = nullptr);
+
 // 16 lowercase hex digits.
 std::string DigestHex(uint64_t digest);
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -33,6 +34,52 @@ uint64_t RandomTransferId() {
   uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
   return id == 0 ? 1 : id;
 }
+
+// Deadline for the server to read `bytes` of a file (checksum, copy): the
+// I/O timeout plus the time at a pessimistic 50 MB/s.
+Deadline DiskDeadline(std::chrono::milliseconds io_timeout, uint64_t bytes) {
+  return Deadline::After(io_timeout + std::chrono::milliseconds(bytes / 50'000));
+}
+
+// A token bucket shared by the streams of one copy: Acquire(n) returns when n
+// more bytes fit in the rate. It starts empty and keeps at most kSlack of
+// unused credit, so the achieved rate stays at the limit.
+class Pacer {
+ public:
+  explicit Pacer(uint64_t bits_per_second)
+      : bytes_per_second_(static_cast<double>(bits_per_second) / 8.0), next_(Clock::now()) {}
+
+  // Returns false when `aborted` became true while waiting.
+  template <typename Aborted>
+  bool Acquire(uint64_t n, Aborted aborted) {
+    Clock::time_point when;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Clock::time_point now = Clock::now();
+      if (next_ < now - kSlack) next_ = now - kSlack;
+      next_ += std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(static_cast<double>(n) / bytes_per_second_));
+      when = next_;
+    }
+    while (Clock::now() < when) {
+      if (aborted()) return false;
+      std::this_thread::sleep_for(std::min<Clock::duration>(when - Clock::now(), std::chrono::milliseconds(50)));
+    }
+    return true;
+  }
+
+  // DATA message size for this rate: about kSlack worth of bytes.
+  static uint64_t PieceBytes(uint64_t bits_per_second, uint64_t chunk_bytes) {
+    uint64_t piece = bits_per_second / 8 / 50;  // 20 ms
+    return std::clamp<uint64_t>(piece, kMinChunkBytes, std::max(chunk_bytes, kMinChunkBytes));
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kSlack{20};
+  const double bytes_per_second_;
+  std::mutex mu_;
+  Clock::time_point next_;
+};
 
 // State shared by the stream workers of one copy.
 class CopyState {
@@ -161,12 +208,19 @@ struct StreamContext {
   uint32_t mode;
   uint64_t transfer_id;
   CopyState& state;
+  uint64_t chunk_bytes;          // per DATA message
+  Pacer* pacer;                  // null: unlimited
+  uint64_t resume_offset = 0;    // bytes the server already has
+  ResumeBase resume_base = ResumeBase::kNone;
+  uint64_t base_id = 0;
+  // Whole-file digest of the source (verified resumes), else null.
+  std::shared_future<Result<uint64_t>>* file_digest = nullptr;
 };
 
 // Runs one stream; on success returns its verified digest (0 without verify).
 std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   const ClientOptions& o = ctx.options;
-  const ByteRange range = SplitRange(ctx.file_size, o.streams, index);
+  const ByteRange range = StreamRange(ctx.file_size, ctx.resume_offset, o.streams, index);
   const ChecksumAlgorithm algorithm = o.verify ? o.checksum : ChecksumAlgorithm::kNone;
   const std::string where = o.streams > 1 ? fmt::format("stream {}/{}: ", index + 1, o.streams) : std::string();
 
@@ -187,10 +241,14 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   open.stream_index = index;
   open.range_offset = range.offset;
   open.range_length = range.length;
-  open.flags = (o.verify ? kOpenFlagVerify : 0) | (o.sink ? kOpenFlagSink : 0);
+  open.flags = (o.verify ? kOpenFlagVerify : 0) | (o.sink ? kOpenFlagSink : 0) |
+               (o.keep_partial && !o.sink ? kOpenFlagKeepPartial : 0);
   open.checksum = algorithm;
+  open.resume_offset = ctx.resume_offset;
+  open.resume_base = ctx.resume_base;
+  open.base_id = ctx.base_id;
 
-  auto fail = [&](Rank rank, const Status& s) {
+  auto fail = [&](Rank rank, const Status& s) -> std::optional<uint64_t> {
     ctx.state.Fail(rank, s.WithContext(where));
     ctx.state.StreamDoneSending();
     return std::nullopt;
@@ -198,7 +256,10 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
 
   Status sent = conn->Send(kMsgOpen, EncodeOpen(open));
   if (!sent.ok()) return fail(Rank::kTransport, sent.WithContext("send OPEN"));
-  auto reply = conn->Receive(Deadline::After(o.transport.io_timeout));
+  // Resuming from the target, the server first copies its prefix.
+  auto reply = conn->Receive(ctx.resume_base == ResumeBase::kTarget
+                                 ? DiskDeadline(o.transport.io_timeout, ctx.resume_offset)
+                                 : Deadline::After(o.transport.io_timeout));
   if (!reply.ok()) return fail(Rank::kTransport, reply.status().WithContext("waiting for the server to accept"));
   if (reply->type != kMsgResult || reply->bulk_bytes != 0) {
     return fail(Rank::kTransport,
@@ -226,7 +287,8 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
       send_status = Status::Aborted("stopped because the copy failed elsewhere");
       break;
     }
-    uint64_t n = std::min<uint64_t>(o.chunk_bytes, end - offset);
+    uint64_t n = std::min<uint64_t>(ctx.chunk_bytes, end - offset);
+    if (ctx.pacer != nullptr && !ctx.pacer->Acquire(n, [&] { return ctx.state.aborted(); })) continue;
     send_status = conn->SendWithBulk(kMsgData, EncodeData(DataHeader{offset}), BulkSource::FromFile(ctx.fd, offset, n));
     if (send_status.ok()) {
       ctx.state.AddSent(n);
@@ -241,8 +303,18 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
     send_status = digest.status().WithContext("checksum of " + o.source);
     ctx.state.Fail(Rank::kLocal, send_status.WithContext(where));
   }
+  uint64_t file_digest = 0;
+  if (send_status.ok() && ctx.file_digest != nullptr) {
+    const Result<uint64_t>& whole = ctx.file_digest->get();
+    if (whole.ok()) {
+      file_digest = *whole;
+    } else {
+      send_status = whole.status().WithContext("checksum of " + o.source);
+      ctx.state.Fail(Rank::kLocal, send_status.WithContext(where));
+    }
+  }
   if (send_status.ok()) {
-    CommitRequest commit{range.length, algorithm, o.verify ? *digest : 0};
+    CommitRequest commit{range.length, algorithm, o.verify ? *digest : 0, file_digest};
     send_status = conn->Send(kMsgCommit, EncodeCommit(commit));
   }
   ctx.state.StreamDoneSending();
@@ -258,7 +330,11 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
       all_done_seen = true;
       waiting_since = Clock::now();
     }
-    return all_done_seen && Clock::now() - waiting_since > o.transport.io_timeout;
+    // A verified resume: the server checksums the whole file before answering.
+    auto limit = o.transport.io_timeout +
+                 (ctx.file_digest != nullptr ? std::chrono::milliseconds(ctx.file_size / 50'000)
+                                             : std::chrono::milliseconds(0));
+    return all_done_seen && Clock::now() - waiting_since > limit;
   });
   if (!arrived) conn->Close();  // wakes the receiver
   receiver.Join();
@@ -294,16 +370,65 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
                                      DigestHex(result->digest), ChecksumAlgorithmName(result->checksum))));
     return std::nullopt;
   }
+  if (ctx.file_digest != nullptr && result->file_digest != file_digest) {
+    ctx.state.Fail(Rank::kLocal, Status::Corruption(fmt::format(
+                                     "{}{} mismatch on the whole resumed file: client {}, server {}", where,
+                                     ChecksumAlgorithmName(algorithm), DigestHex(file_digest),
+                                     DigestHex(result->file_digest))));
+    return std::nullopt;
+  }
   (void)conn->Shutdown();
   conn->Close();
   return o.verify ? *digest : 0;
 }
 
+// Asks the server what it holds to resume `o.destination` from.
+Result<ResumeInfo> QueryResumeBase(const ClientOptions& o, const std::string& uri, uint64_t source_size) {
+  auto dialed = transport::Dial(uri, o.transport);
+  if (!dialed.ok()) return dialed.status().WithContext("connect to " + uri);
+  std::unique_ptr<Connection> conn = std::move(dialed).value();
+  QueryRequest query{o.destination, o.checksum, source_size};
+  CANOPY_RETURN_IF_ERROR(conn->Send(kMsgQuery, EncodeQuery(query)).WithContext("send QUERY"));
+  auto reply = conn->Receive(DiskDeadline(o.transport.io_timeout, source_size));
+  if (!reply.ok()) {
+    Status why = reply.status();
+    if (why.IsClosed()) why = Status::Unavailable("the server closed the connection without an answer");
+    return why.WithContext("waiting for the server's resume information");
+  }
+  conn->Close();
+  if (reply->bulk_bytes == 0 && reply->type == kMsgResult) {
+    auto result = DecodeResult(reply->payload);
+    if (!result.ok()) return result.status().WithContext("bad RESULT from the server");
+    if (!result->ok()) return result->ToStatus();
+    return Status::Corruption("the server answered QUERY with an empty RESULT");
+  }
+  if (reply->bulk_bytes != 0 || reply->type != kMsgResumeInfo) {
+    return Status::Corruption(fmt::format("server answered QUERY with message type 0x{:04x}", reply->type));
+  }
+  return DecodeResumeInfo(reply->payload);
+}
+
 }  // namespace
+
+const char* ResumeOutcomeName(ResumeOutcome outcome) {
+  switch (outcome) {
+    case ResumeOutcome::kNotRequested: return "not requested";
+    case ResumeOutcome::kNothing: return "nothing to resume";
+    case ResumeOutcome::kResumed: return "resumed";
+    case ResumeOutcome::kComplete: return "already complete";
+    case ResumeOutcome::kPrefixMismatch: return "prefix mismatch";
+    case ResumeOutcome::kLonger: return "longer than source";
+  }
+  return "unknown";
+}
+
+uint64_t EffectiveChunkBytes(const ClientOptions& o) {
+  return o.rate_bits_per_second > 0 ? Pacer::PieceBytes(o.rate_bits_per_second, o.chunk_bytes) : o.chunk_bytes;
+}
 
 double CopyReport::gbit_per_second() const {
   if (seconds <= 0) return 0;
-  return static_cast<double>(sink ? bytes_sent : file_bytes) * 8.0 / seconds / 1e9;
+  return static_cast<double>(bytes_sent) * 8.0 / seconds / 1e9;
 }
 
 std::string MakeUri(const std::string& scheme, const std::string& host, uint16_t port) {
@@ -332,7 +457,7 @@ CopyReport CopyFile(const ClientOptions& o) {
     report.status = Status::InvalidArgument("verify needs a checksum algorithm");
     return report;
   }
-  auto file = OpenFile(o.source, O_RDONLY);
+  auto file = OpenFile(o.source, O_RDONLY | O_NONBLOCK);  // never blocks on a FIFO
   if (!file.ok()) {
     report.status = file.status();
     return report;
@@ -347,13 +472,96 @@ CopyReport CopyFile(const ClientOptions& o) {
     return report;
   }
   report.file_bytes = static_cast<uint64_t>(st.st_size);
-
-  CopyState state(o.streams);
-  StreamContext ctx{o, report.server_uri, file->get(), report.file_bytes,
-                    static_cast<uint32_t>(st.st_mode & 0777), RandomTransferId(), state};
-  std::vector<std::optional<uint64_t>> digests(o.streams);
+  report.rate_bits_per_second = o.rate_bits_per_second;
+  report.chunk_bytes = EffectiveChunkBytes(o);
 
   Clock::time_point start = Clock::now();
+  auto finish = [&] {
+    report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return report;
+  };
+
+  // Resume: what does the server have, and does it match our prefix?
+  uint64_t resume_offset = 0;
+  uint64_t base_id = 0;
+  std::unique_ptr<Digest> prefix_digest;  // of our [0, resume_offset), for the whole-file digest
+  if (o.resume) {
+    if (o.sink) {
+      report.status = Status::InvalidArgument("resume does not go with sink");
+      return report;
+    }
+    auto info = QueryResumeBase(o, report.server_uri, report.file_bytes);
+    if (!info.ok()) {
+      report.status = info.status();
+      return finish();
+    }
+    report.resume_base = info->base;
+    report.existing_bytes = info->size;
+    if (info->base == ResumeBase::kNone || info->size == 0) {
+      report.resume = ResumeOutcome::kNothing;
+      report.resume_base = ResumeBase::kNone;
+    } else if (info->size > report.file_bytes) {
+      report.resume = ResumeOutcome::kLonger;
+    } else {
+      prefix_digest = std::make_unique<Digest>(o.checksum);
+      Status digested = UpdateDigestFromFile(*prefix_digest, file->get(), 0, info->size);
+      if (!digested.ok()) {
+        report.status = digested.WithContext("checksum of " + o.source);
+        return finish();
+      }
+      if (info->checksum == o.checksum && info->digest == prefix_digest->Value()) {
+        report.resume = ResumeOutcome::kResumed;
+        resume_offset = info->size;
+        base_id = info->base_id;
+      } else {
+        report.resume = ResumeOutcome::kPrefixMismatch;
+      }
+    }
+    if (report.resume == ResumeOutcome::kResumed && info->base == ResumeBase::kTarget &&
+        resume_offset == report.file_bytes) {
+      // The destination already holds exactly our bytes.
+      report.resume = ResumeOutcome::kComplete;
+      report.resumed_from = report.bytes_skipped = resume_offset;
+      if (o.verify) {
+        report.checksum = o.checksum;
+        report.file_digest = prefix_digest->Value();
+      }
+      return finish();
+    }
+    report.resumed_from = report.bytes_skipped = resume_offset;
+  }
+
+  CopyState state(o.streams);
+  std::unique_ptr<Pacer> pacer;
+  if (o.rate_bits_per_second > 0) pacer = std::make_unique<Pacer>(o.rate_bits_per_second);
+  StreamContext ctx{o,
+                    report.server_uri,
+                    file->get(),
+                    report.file_bytes,
+                    static_cast<uint32_t>(st.st_mode & 0777),
+                    RandomTransferId(),
+                    state,
+                    report.chunk_bytes,
+                    pacer.get()};
+  ctx.resume_offset = resume_offset;
+  ctx.resume_base = resume_offset > 0 ? report.resume_base : ResumeBase::kNone;
+  ctx.base_id = base_id;
+
+  // A verified resume also compares the whole file: continue our prefix
+  // digest over the rest of the source while the data goes out.
+  std::atomic<bool> cancel_file_digest{false};
+  std::shared_future<Result<uint64_t>> file_digest;
+  if (o.verify && resume_offset > 0) {
+    file_digest = std::async(std::launch::async, [&]() -> Result<uint64_t> {
+                    CANOPY_RETURN_IF_ERROR(UpdateDigestFromFile(*prefix_digest, file->get(), resume_offset,
+                                                                report.file_bytes - resume_offset,
+                                                                &cancel_file_digest));
+                    return prefix_digest->Value();
+                  }).share();
+    ctx.file_digest = &file_digest;
+  }
+  std::vector<std::optional<uint64_t>> digests(o.streams);
+
   std::vector<std::thread> workers;
   for (uint16_t i = 0; i < o.streams; ++i) {
     workers.emplace_back([&, i] { digests[i] = RunStream(ctx, i); });
@@ -366,11 +574,15 @@ CopyReport CopyFile(const ClientOptions& o) {
     progress = std::thread([&] {
       std::unique_lock<std::mutex> lock(progress_mu);
       while (!progress_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return finished; })) {
-        o.progress(state.sent(), report.file_bytes);
+        o.progress(resume_offset + state.sent(), report.file_bytes);
       }
     });
   }
   for (std::thread& t : workers) t.join();
+  if (file_digest.valid()) {
+    cancel_file_digest.store(true);
+    file_digest.wait();
+  }
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (progress.joinable()) {
     {
@@ -379,7 +591,7 @@ CopyReport CopyFile(const ClientOptions& o) {
     }
     progress_cv.notify_all();
     progress.join();
-    o.progress(state.sent(), report.file_bytes);
+    o.progress(resume_offset + state.sent(), report.file_bytes);
   }
   report.bytes_sent = state.sent();
   report.status = state.error();
@@ -394,6 +606,7 @@ CopyReport CopyFile(const ClientOptions& o) {
   if (report.status.ok() && o.verify) {
     report.checksum = o.checksum;
     for (const auto& d : digests) report.digests.push_back(*d);
+    if (file_digest.valid() && file_digest.get().ok()) report.file_digest = *file_digest.get();
   }
   return report;
 }

@@ -1,9 +1,12 @@
-// rcopy: copy a file to an rcopy server over tcp://, dpdk:// or rdma://.
+// rcopy: copy files to an rcopy server over tcp://, dpdk:// or rdma://.
 //
-//   rcopy --server --root DIR [-p PORT] [--bind ADDR] [--transport T]
-//   rcopy [-p PORT] [--transport T] [-P N] [--verify] SRC HOST[:DST]
+//   rcopy --server --root DIR [-p PORT] [--bind ADDR] [--transport T] [--max-duration S]
+//   rcopy [-p PORT] [--transport T] [-P N] [--verify] [--resume] [--rate R] SRC HOST[:DST]
+//   rcopy [options] [-r] SRC... HOST[:DIR]
 //
-// Exit status: 0 success, 1 the copy (or the server) failed, 2 bad usage.
+// Exit status: 0 success, 1 a copy (or the server) failed, 2 bad usage. With
+// --json exactly one JSON object goes to stdout in every case
+// (tools/rcopy/rcopy.schema.json).
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,12 +22,14 @@
 
 #include "base/file.h"
 #include "base/logging.h"
+#include "base/units.h"
 #include "fmt/format.h"
+#include "tools/cli/cli.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/client.h"
+#include "tools/rcopy/file_list.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/server.h"
-#include "base/units.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -34,7 +39,9 @@ namespace {
 
 using canopy::Status;
 using namespace canopy::rcopy;
+using canopy::FormatBitRate;
 using canopy::FormatBytes;
+using canopy::ParseBitRate;
 using canopy::ParseByteSize;
 
 constexpr int kExitOk = 0;
@@ -42,18 +49,39 @@ constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 
 const char kUsage[] =
-    "usage: rcopy [options] SRC HOST[:DST]        send SRC to the server on HOST\n"
-    "       rcopy --server --root DIR [options]   receive files into DIR\n";
+    "usage: rcopy [options] SRC HOST[:DST]           send SRC to the server on HOST\n"
+    "       rcopy [options] SRC1 SRC2... HOST[:DIR]  send several files into DIR\n"
+    "       rcopy -r [options] SRC... HOST[:DIR]     send directory trees into DIR\n"
+    "       rcopy --server --root DIR [options]      receive files into DIR\n";
 
 const char kDescription[] =
-    "Copies one file to an rcopy server, like librdmacm's rcopy example, over any canopy\n"
+    "Copies files to an rcopy server, like librdmacm's rcopy example, over any canopy\n"
     "transport: tcp:// (kernel TCP, sendfile/splice), dpdk:// (user-space packet I/O) or\n"
     "rdma:// (InfiniBand/RoCE). DST is relative to the server's --root; it defaults to the\n"
     "file name of SRC, and a DST ending in '/' gets that name appended. IPv6 hosts are\n"
-    "written in brackets: [::1]:dst. The server writes into a temporary file next to DST,\n"
-    "fsyncs it once and renames it into place only when the whole file (every stream, and\n"
-    "every checksum with --verify) arrived; it never writes outside its root.\n"
-    "Throughput is reported in decimal units: 1 Gbit/s = 10^9 bits per second.\n";
+    "written in brackets: [::1]:dst. With several SRCs or -r, DST is a directory (default:\n"
+    "the root): files go to DIR/NAME, trees to DIR/TREE/PATH (relative paths kept; a SRC\n"
+    "ending in '/' sends the tree's contents, as rsync). Symlinks and special files inside\n"
+    "trees are skipped, not followed. Files are copied one after the other; a failure that\n"
+    "concerns one file (missing, refused name, checksum) moves on to the next, any other\n"
+    "(server unreachable or busy, connection lost, disk full) stops the run.\n"
+    "The server writes into a temporary file next to DST, fsyncs it once and renames it\n"
+    "into place only when the whole file (every stream, and every checksum with --verify)\n"
+    "arrived; it never writes outside its root. An interrupted copy (client killed,\n"
+    "connection lost, server stopped) leaves the bytes that arrived in .DST.rcopy-partial\n"
+    "next to DST (with -P: only the contiguous start; not with --no-partial); any other\n"
+    "failure leaves nothing. A server that dies (kill -9) leaves its .DST.rcopy-*.tmp file,\n"
+    "which --resume does not use.\n"
+    "--resume: when the server has DST's partial file (else DST itself) and it is not longer\n"
+    "than SRC, both sides checksum it (--checksum) and, when it matches the start of SRC,\n"
+    "only the rest is sent (reported as resumed_from / bytes_skipped); on a mismatch, or\n"
+    "when it is longer, the whole file is sent again from offset 0 (\"prefix mismatch\",\n"
+    "\"longer than source\"). A DST already equal to SRC is left alone. --verify then also\n"
+    "compares a checksum of the whole resumed file.\n"
+    "--rate caps the total sending rate (all streams together) in bits per second, decimal\n"
+    "as iperf3 -b: 500M = 500*10^6 bit/s.\n"
+    "Throughput is reported in decimal units: 1 Gbit/s = 10^9 bits per second, over the\n"
+    "bytes sent.\n";
 
 std::string ClientUri(const std::string& scheme, const std::string& host, uint16_t port) {
   return MakeUri(scheme, host, port);
@@ -74,37 +102,34 @@ std::vector<std::string> SplitTransportArgs(const std::vector<std::string>& valu
 
 struct Target {
   std::string host;
-  std::string destination;
+  std::string destination;  // the DST part, possibly empty
 };
 
 // HOST[:DST] or [IPV6][:DST].
-canopy::Result<Target> ParseTarget(const std::string& text, const std::string& source) {
+canopy::Result<Target> ParseTarget(const std::string& text) {
   Target t;
-  std::string rest;
   if (!text.empty() && text.front() == '[') {
     size_t close = text.find(']');
     if (close == std::string::npos) return Status::InvalidArgument("missing ']' in '" + text + "'");
     t.host = text.substr(1, close - 1);
-    rest = text.substr(close + 1);
+    std::string rest = text.substr(close + 1);
     if (!rest.empty() && rest.front() != ':') {
       return Status::InvalidArgument("expected ':' after ']' in '" + text + "'");
     }
-    if (!rest.empty()) rest = rest.substr(1);
+    if (!rest.empty()) t.destination = rest.substr(1);
   } else {
     size_t colon = text.find(':');
     t.host = text.substr(0, colon);
-    if (colon != std::string::npos) rest = text.substr(colon + 1);
+    if (colon != std::string::npos) t.destination = text.substr(colon + 1);
   }
   if (t.host.empty()) return Status::InvalidArgument("no host in '" + text + "'");
-  std::string base = canopy::BaseName(source);
-  if (rest.empty()) {
-    t.destination = base;
-  } else if (rest.back() == '/') {
-    t.destination = rest + base;
-  } else {
-    t.destination = rest;
-  }
   return t;
+}
+
+// One JSON document on one line; invalid UTF-8 in names is replaced, never
+// an exception.
+void PrintJson(const nlohmann::json& j) {
+  std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
 std::string GbitText(double gbit) { return fmt::format("{:.3f}", gbit); }
@@ -132,19 +157,18 @@ void ClearProgress() {
 int UsageError(const std::string& message, bool json) {
   if (json) {
     nlohmann::json j = {{"ok", false}, {"error", message}, {"error_code", "InvalidArgument"}, {"usage", true}};
-    std::cout << j.dump() << std::endl;
+    PrintJson(j);
   }
   std::cerr << "rcopy: " << message << "\n" << kUsage << "Try 'rcopy --help' for every option.\n";
   return kExitUsage;
 }
 
 int RunServer(const po::variables_map& vm) {
-  if (!vm.count("root")) return UsageError("--server needs --root DIR", vm.count("json") > 0);
-  if (vm.count("source") || vm.count("target")) {
-    return UsageError("--server takes no SRC or HOST arguments", vm.count("json") > 0);
-  }
+  const bool json = vm.count("json") > 0;
+  if (!vm.count("root")) return UsageError("--server needs --root DIR", json);
+  if (vm.count("args")) return UsageError("--server takes no SRC or HOST arguments", json);
   const bool quiet = vm.count("quiet") > 0;
-  canopy::SetLogLevel(quiet ? canopy::LogLevel::kWarn : canopy::LogLevel::kInfo);
+  canopy::SetLogLevel(quiet || json ? canopy::LogLevel::kWarn : canopy::LogLevel::kInfo);
 
   ServerOptions options;
   options.root = vm["root"].as<std::string>();
@@ -152,62 +176,174 @@ int RunServer(const po::variables_map& vm) {
                                  vm["port"].as<uint16_t>());
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
   double idle = vm["idle-timeout"].as<double>();
-  if (idle <= 0) return UsageError("--idle-timeout must be > 0", false);
+  if (!(idle > 0)) return UsageError("--idle-timeout must be > 0", json);
   options.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle * 1000));
   options.transport.io_timeout = std::max(options.transport.io_timeout, options.idle_timeout);
   options.max_connections = vm["max-connections"].as<size_t>();
-  if (options.max_connections == 0) return UsageError("--max-connections must be > 0", false);
+  if (options.max_connections == 0) return UsageError("--max-connections must be > 0", json);
+  double max_duration = vm["max-duration"].as<double>();
+  if (!(max_duration >= 0) || max_duration > 1e9) {
+    return UsageError("--max-duration must be >= 0 seconds (0: unlimited)", json);
+  }
+
+  auto fail = [&](const Status& why) {
+    if (json) {
+      PrintJson({{"ok", false}, {"mode", "server"}, {"error", why.message()},
+                 {"error_code", canopy::StatusCodeName(why.code())}});
+    }
+    std::cerr << "rcopy: server: " << why.ToString() << "\n";
+    return kExitFailed;
+  };
 
   // Block the stop signals before any thread starts; the main thread waits
-  // for them with sigwait.
+  // for them with sigtimedwait.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  canopy::Clock::time_point started = canopy::Clock::now();
   auto server = Server::Start(options);
-  if (!server.ok()) {
-    std::cerr << "rcopy: server: " << server.status().ToString() << "\n";
-    return kExitFailed;
-  }
+  if (!server.ok()) return fail(server.status());
   canopy::transport::Endpoint bound = (*server)->local_endpoint();
   if (vm.count("port-file")) {
     Status written = canopy::WriteFileAtomic(vm["port-file"].as<std::string>(), std::to_string(bound.port) + "\n");
-    if (!written.ok()) {
-      std::cerr << "rcopy: server: " << written.ToString() << "\n";
-      return kExitFailed;
+    if (!written.ok()) return fail(written);
+  }
+  if (!quiet && !json) {
+    std::cerr << "rcopy: server receiving into " << options.root << " on " << bound.ToUri() << " (idle timeout "
+              << idle << " s"
+              << (max_duration > 0 ? fmt::format(", stopping after {:g} s", max_duration) : std::string()) << ")\n";
+  }
+  // Wait for SIGINT/SIGTERM, or until --max-duration has passed.
+  int signal_number = 0;
+  const auto stop_at = started + std::chrono::duration_cast<canopy::Clock::duration>(
+                                     std::chrono::duration<double>(max_duration));
+  for (;;) {
+    if (max_duration <= 0) {
+      if (sigwait(&stop_signals, &signal_number) == 0) break;
+      continue;
+    }
+    auto left = stop_at - canopy::Clock::now();
+    if (left <= canopy::Clock::duration::zero()) break;
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    struct timespec timeout{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    int got = sigtimedwait(&stop_signals, nullptr, &timeout);
+    if (got > 0) {
+      signal_number = got;
+      break;
     }
   }
-  if (!quiet) {
-    std::cerr << "rcopy: server receiving into " << options.root << " on " << bound.ToUri()
-              << " (idle timeout " << idle << " s)\n";
-  }
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
   (*server)->Stop();
-  if (!quiet) {
-    ServerStats stats = (*server)->stats();
-    std::cerr << fmt::format("rcopy: server stopped (signal {}): {} connections, {} files, {} failed, {} bytes\n",
-                             signal_number, stats.connections, stats.files_published, stats.transfers_failed,
+  const double seconds = std::chrono::duration<double>(canopy::Clock::now() - started).count();
+  ServerStats stats = (*server)->stats();
+  const std::string reason =
+      signal_number != 0 ? fmt::format("signal {}", signal_number) : fmt::format("--max-duration {:g} s", max_duration);
+  if (json) {
+    nlohmann::json j = {{"ok", true},
+                        {"mode", "server"},
+                        {"listen", bound.ToUri()},
+                        {"root", options.root},
+                        {"stop_reason", signal_number != 0 ? "signal" : "max-duration"},
+                        {"seconds", seconds},
+                        {"connections", stats.connections},
+                        {"files_published", stats.files_published},
+                        {"transfers_failed", stats.transfers_failed},
+                        {"bytes_received", stats.bytes_received}};
+    if (signal_number != 0) j["signal"] = signal_number;
+    PrintJson(j);
+  } else if (!quiet) {
+    std::cerr << fmt::format("rcopy: server stopped ({}): {} connections, {} files, {} failed, {} bytes\n", reason,
+                             stats.connections, stats.files_published, stats.transfers_failed,
                              stats.bytes_received);
   }
   return kExitOk;
 }
 
+// Whether a failed copy concerns only its file (the run moves on to the next
+// one) rather than the server or the connection (the run stops).
+bool FailureIsLocalToTheFile(const Status& s) {
+  switch (s.code()) {
+    case canopy::StatusCode::kNotFound:
+    case canopy::StatusCode::kInvalidArgument:
+    case canopy::StatusCode::kPermissionDenied:
+    case canopy::StatusCode::kAlreadyExists:
+    case canopy::StatusCode::kCorruption:
+    case canopy::StatusCode::kConflict: return true;
+    default: return false;
+  }
+}
+
+nlohmann::json FileJson(const CopyItem& item, const CopyReport& r, bool resume) {
+  nlohmann::json f;
+  f["ok"] = r.status.ok();
+  f["source"] = item.source;
+  f["destination"] = r.destination;
+  f["bytes"] = r.file_bytes;
+  f["bytes_sent"] = r.bytes_sent;
+  f["bytes_skipped"] = r.bytes_skipped;
+  f["resumed_from"] = r.resumed_from;
+  f["seconds"] = r.seconds;
+  f["gbit_per_s"] = r.status.ok() ? r.gbit_per_second() : 0.0;
+  if (resume) {
+    f["resume"] = {{"outcome", ResumeOutcomeName(r.resume)},
+                   {"base", ResumeBaseName(r.resume_base)},
+                   {"existing_bytes", r.existing_bytes}};
+  }
+  if (!r.digests.empty()) {
+    nlohmann::json digests = nlohmann::json::array();
+    for (uint64_t d : r.digests) digests.push_back(DigestHex(d));
+    f["digests"] = digests;
+  }
+  if (r.status.ok() && r.file_digest != 0) f["file_digest"] = DigestHex(r.file_digest);
+  if (!r.status.ok()) {
+    f["error"] = r.status.message();
+    f["error_code"] = canopy::StatusCodeName(r.status.code());
+  }
+  return f;
+}
+
+// " (resumed from 1048576: 1048576 bytes skipped, partial file)" and the like.
+std::string ResumeText(const CopyReport& r) {
+  switch (r.resume) {
+    case ResumeOutcome::kNotRequested: return "";
+    case ResumeOutcome::kNothing: return "; --resume: nothing to resume, sent from offset 0";
+    case ResumeOutcome::kResumed:
+      return fmt::format("; resumed from {} ({} bytes skipped, {} file on the server)", r.resumed_from,
+                         r.bytes_skipped, ResumeBaseName(r.resume_base));
+    case ResumeOutcome::kComplete: return "; already complete on the server";
+    case ResumeOutcome::kPrefixMismatch:
+      return fmt::format("; --resume: prefix mismatch with the {} bytes of the {} file, sent from offset 0",
+                         r.existing_bytes, ResumeBaseName(r.resume_base));
+    case ResumeOutcome::kLonger:
+      return fmt::format("; --resume: the {} file is longer ({} bytes), sent from offset 0",
+                         ResumeBaseName(r.resume_base), r.existing_bytes);
+  }
+  return "";
+}
+
 int RunClient(const po::variables_map& vm) {
   const bool json = vm.count("json") > 0;
   const bool quiet = vm.count("quiet") > 0;
-  if (!vm.count("source") || !vm.count("target")) return UsageError("need SRC and HOST[:DST]", json);
+  std::vector<std::string> args;
+  if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
+  if (args.size() < 2) return UsageError("need SRC and HOST[:DST]", json);
   if (vm.count("root")) return UsageError("--root is a server option (use it with --server)", json);
+  for (const char* server_only : {"max-duration", "port-file"}) {
+    if (vm.count(server_only) && !vm[server_only].defaulted()) {
+      return UsageError(fmt::format("--{} is a server option (use it with --server)", server_only), json);
+    }
+  }
   canopy::SetLogLevel(quiet ? canopy::LogLevel::kError : canopy::LogLevel::kWarn);
 
-  ClientOptions options;
-  options.source = vm["source"].as<std::string>();
-  auto target = ParseTarget(vm["target"].as<std::string>(), options.source);
+  const std::vector<std::string> sources(args.begin(), args.end() - 1);
+  auto target = ParseTarget(args.back());
   if (!target.ok()) return UsageError(target.status().message(), json);
+  const bool recursive = vm.count("recursive") > 0;
+
+  ClientOptions options;
   options.host = target->host;
-  options.destination = target->destination;
   options.scheme = vm["transport"].as<std::string>();
   options.port = vm["port"].as<uint16_t>();
   if (options.port == 0) return UsageError("--port must be 1..65535 for the client", json);
@@ -229,66 +365,165 @@ int RunClient(const po::variables_map& vm) {
   if (!algorithm.ok()) return UsageError("--checksum: " + algorithm.status().message(), json);
   options.checksum = *algorithm;
   options.sink = vm.count("sink") > 0;
+  options.resume = vm.count("resume") > 0;
+  options.keep_partial = vm.count("no-partial") == 0;
+  if (options.resume && options.sink) return UsageError("--resume does not go with --sink", json);
+  if (vm.count("rate")) {
+    auto rate = ParseBitRate(vm["rate"].as<std::string>(), /*allow_zero=*/true);
+    if (!rate.ok()) return UsageError("--rate: " + rate.status().message(), json);
+    options.rate_bits_per_second = *rate;
+  }
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
   double connect_timeout = vm["connect-timeout"].as<double>();
   double timeout = vm["timeout"].as<double>();
-  if (connect_timeout <= 0 || timeout <= 0) return UsageError("timeouts must be > 0", json);
+  if (!(connect_timeout > 0) || !(timeout > 0)) return UsageError("timeouts must be > 0", json);
   options.transport.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout * 1000));
   options.transport.io_timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
 
-  const bool show_progress = !quiet && !json && ::isatty(STDERR_FILENO);
-  canopy::Clock::time_point start = canopy::Clock::now();
-  if (show_progress) {
-    options.progress = [start](uint64_t done, uint64_t total) {
-      PrintProgress(done, total, std::chrono::duration<double>(canopy::Clock::now() - start).count());
-    };
+  CopyPlan plan = PlanCopies(sources, target->destination, recursive);
+  const bool single = !plan.destination_is_directory && plan.items.size() == 1;
+  if (!quiet) {
+    for (const SkippedItem& skipped : plan.skipped) {
+      std::cerr << "rcopy: skipping " << skipped.source << ": " << skipped.reason << "\n";
+    }
   }
 
-  CopyReport report = CopyFile(options);
-  if (show_progress) ClearProgress();
+  const bool show_progress = !quiet && !json && ::isatty(STDERR_FILENO);
+  const std::string server_uri = MakeUri(options.scheme, options.host, options.port);
+  std::vector<CopyReport> reports;
+  size_t failed = 0;
+  size_t not_attempted = 0;
+  Status first_failure;
+  std::string first_failed_source;
+  bool stopped = false;
+  canopy::Clock::time_point run_start = canopy::Clock::now();
+  for (const CopyItem& item : plan.items) {
+    if (stopped) {
+      ++not_attempted;
+      continue;
+    }
+    CopyReport report;
+    if (!item.problem.ok()) {
+      report.status = item.problem;
+      report.server_uri = server_uri;
+      report.destination = item.destination;
+    } else {
+      ClientOptions file_options = options;
+      file_options.source = item.source;
+      file_options.destination = item.destination;
+      canopy::Clock::time_point start = canopy::Clock::now();
+      if (show_progress) {
+        file_options.progress = [start](uint64_t done, uint64_t total) {
+          PrintProgress(done, total, std::chrono::duration<double>(canopy::Clock::now() - start).count());
+        };
+      }
+      report = CopyFile(file_options);
+      if (show_progress) ClearProgress();
+    }
+    if (!report.status.ok()) {
+      if (failed++ == 0) {
+        first_failure = report.status;
+        first_failed_source = item.source;
+      }
+      if (!quiet || json) std::cerr << "rcopy: " << item.source << ": " << report.status.ToString() << "\n";
+      if (!FailureIsLocalToTheFile(report.status)) stopped = true;
+    } else if (!json && !quiet && report.resume == ResumeOutcome::kComplete) {
+      std::cout << fmt::format("rcopy: '{}' on {} already holds the {} bytes of {}: nothing sent\n",
+                               report.destination, report.server_uri, report.file_bytes, item.source);
+    } else if (!json && !quiet) {
+      std::cout << fmt::format("rcopy: {} {} bytes to {} '{}' in {:.3f} s: {} Gbit/s (1 Gbit = 10^9 bits){}{}{}{}\n",
+                               report.sink ? "sent (server discarded)" : "copied", report.file_bytes,
+                               report.server_uri, report.destination, report.seconds,
+                               GbitText(report.gbit_per_second()),
+                               report.streams > 1 ? fmt::format(", {} streams", report.streams) : "",
+                               options.verify ? fmt::format(", {} verified", ChecksumAlgorithmName(options.checksum))
+                                              : "",
+                               report.rate_bits_per_second > 0
+                                   ? fmt::format(", rate limit {}", FormatBitRate(report.rate_bits_per_second))
+                                   : "",
+                               ResumeText(report));
+    }
+    reports.push_back(std::move(report));
+  }
+  const double run_seconds = std::chrono::duration<double>(canopy::Clock::now() - run_start).count();
+
+  uint64_t total_bytes = 0, total_sent = 0, total_skipped = 0;
+  for (const CopyReport& r : reports) {
+    total_bytes += r.file_bytes;
+    total_sent += r.bytes_sent;
+    total_skipped += r.bytes_skipped;
+  }
+  const double total_gbit = run_seconds > 0 ? static_cast<double>(total_sent) * 8 / run_seconds / 1e9 : 0;
+  const bool ok = failed == 0 && not_attempted == 0;
+  Status run_status;
+  if (!ok) {
+    if (single) {
+      run_status = first_failure;
+    } else {
+      std::string text = fmt::format("{} of {} files failed", failed, plan.items.size());
+      if (not_attempted > 0) text += fmt::format(" ({} not attempted: the run stopped)", not_attempted);
+      run_status = canopy::Status(first_failure.code(),
+                                  text + "; first: " + first_failed_source + ": " + first_failure.message());
+    }
+  }
 
   if (json) {
     nlohmann::json j;
-    j["ok"] = report.status.ok();
-    j["source"] = options.source;
-    j["server"] = report.server_uri;
+    j["ok"] = ok;
+    j["mode"] = "client";
+    j["server"] = server_uri;
     j["transport"] = options.scheme;
-    j["destination"] = report.destination;
-    j["bytes"] = report.file_bytes;
-    j["bytes_sent"] = report.bytes_sent;
-    j["seconds"] = report.seconds;
-    j["gbit_per_s"] = report.status.ok() ? report.gbit_per_second() : 0.0;
-    j["gbit_definition"] = "1 Gbit = 1e9 bits";
-    j["streams"] = report.streams;
-    j["chunk_bytes"] = report.chunk_bytes;
-    j["sink"] = report.sink;
+    j["streams"] = options.streams;
+    j["chunk_bytes"] = EffectiveChunkBytes(options);
+    j["sink"] = options.sink;
     j["verify"] = options.verify;
     if (options.verify) j["checksum"] = ChecksumAlgorithmName(options.checksum);
-    if (!report.digests.empty()) {
-      nlohmann::json digests = nlohmann::json::array();
-      for (uint64_t d : report.digests) digests.push_back(DigestHex(d));
-      j["digests"] = digests;
+    j["recursive"] = recursive;
+    j["keep_partial"] = options.keep_partial;
+    j["rate_bits_per_s"] = options.rate_bits_per_second;
+    j["bytes"] = total_bytes;
+    j["bytes_sent"] = total_sent;
+    j["bytes_skipped"] = total_skipped;
+    j["seconds"] = run_seconds;
+    j["gbit_per_s"] = ok ? total_gbit : 0.0;
+    j["gbit_definition"] = "1 Gbit = 1e9 bits";
+    nlohmann::json files = nlohmann::json::array();
+    for (size_t k = 0; k < reports.size(); ++k) files.push_back(FileJson(plan.items[k], reports[k], options.resume));
+    if (single && !files.empty()) {
+      // One file: its own fields at the top level too, as before.
+      for (const char* key : {"source", "destination", "resumed_from", "resume", "digests", "file_digest"}) {
+        if (files[0].contains(key)) j[key] = files[0][key];
+      }
     }
-    if (!report.status.ok()) {
-      j["error"] = report.status.message();
-      j["error_code"] = canopy::StatusCodeName(report.status.code());
+    j["files"] = files;
+    nlohmann::json skipped = nlohmann::json::array();
+    for (const SkippedItem& s : plan.skipped) skipped.push_back({{"source", s.source}, {"reason", s.reason}});
+    j["skipped"] = skipped;
+    j["totals"] = {{"files", plan.items.size()},
+                   {"files_ok", reports.size() - failed},
+                   {"files_failed", failed},
+                   {"files_not_attempted", not_attempted},
+                   {"files_skipped", plan.skipped.size()},
+                   {"bytes", total_bytes},
+                   {"bytes_sent", total_sent},
+                   {"bytes_skipped", total_skipped},
+                   {"seconds", run_seconds},
+                   {"gbit_per_s", total_gbit}};
+    if (!ok) {
+      j["error"] = run_status.message();
+      j["error_code"] = canopy::StatusCodeName(run_status.code());
     }
-    std::cout << j.dump() << std::endl;
+    PrintJson(j);
+  } else if (!quiet && !single) {
+    std::cout << fmt::format("rcopy: {} files ({} failed{}{}), {} bytes sent ({} skipped) in {:.3f} s: {} Gbit/s "
+                             "(1 Gbit = 10^9 bits)\n",
+                             plan.items.size(), failed,
+                             not_attempted > 0 ? fmt::format(", {} not attempted", not_attempted) : "",
+                             plan.skipped.empty() ? "" : fmt::format(", {} skipped", plan.skipped.size()), total_sent,
+                             total_skipped, run_seconds, GbitText(total_gbit));
   }
-  if (!report.status.ok()) {
-    if (!quiet || json) std::cerr << "rcopy: " << options.source << ": " << report.status.ToString() << "\n";
-    return kExitFailed;
-  }
-  if (!json && !quiet) {
-    std::cout << fmt::format("rcopy: {} {} bytes to {} '{}' in {:.3f} s: {} Gbit/s (1 Gbit = 10^9 bits){}{}\n",
-                             report.sink ? "sent (server discarded)" : "copied", report.file_bytes,
-                             report.server_uri, report.destination, report.seconds,
-                             GbitText(report.gbit_per_second()),
-                             report.streams > 1 ? fmt::format(", {} streams", report.streams) : "",
-                             options.verify ? fmt::format(", {} verified", ChecksumAlgorithmName(options.checksum))
-                                            : "");
-  }
-  return kExitOk;
+  if (!ok && !single && (!quiet || json)) std::cerr << "rcopy: " << run_status.ToString() << "\n";
+  return ok ? kExitOk : kExitFailed;
 }
 
 }  // namespace
@@ -296,8 +531,7 @@ int RunClient(const po::variables_map& vm) {
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   canopy::transport::RegisterBuiltinTransports();
-  bool json_requested = false;
-  for (int i = 1; i < argc; ++i) json_requested |= std::string_view(argv[i]) == "--json";
+  const bool json_requested = canopy::cli::CommandLineHas(argc, argv, "--json");
 
   po::options_description common("Common options");
   common.add_options()
@@ -310,16 +544,30 @@ int main(int argc, char** argv) {
        "argument for the backend, repeatable, split on spaces: DPDK EAL arguments such as "
        "--transport-arg='--no-huge -m 512 --vdev=net_memif0', or RDMA device=mlx5_0")
       ("quiet,q", "print nothing but errors (client: no progress bar, no summary)")
-      ("json", "client: print the result as one JSON object on stdout (also on failure)");
-  po::options_description client("Client options (rcopy SRC HOST[:DST])");
+      ("json", "print the result as one JSON object on stdout, also on failure and on usage errors "
+               "(client: the copy report; server: its statistics when it stops); "
+               "schema: tools/rcopy/rcopy.schema.json");
+  po::options_description client("Client options (rcopy SRC... HOST[:DST])");
   client.add_options()
+      ("recursive,r", "copy directory trees: relative paths are kept under DST; symlinks and special "
+                      "files inside the trees are skipped")
       ("chunk", po::value<std::string>()->default_value("4M"),
        "bytes per DATA message (bulk transfer unit), 4K..1G, e.g. 1M, 16M")
       ("parallel,P", po::value<int>()->default_value(1),
-       "split the file into N byte ranges sent over N connections at once (1..64)")
+       "split each file into N byte ranges sent over N connections at once (1..64)")
       ("verify", "end-to-end check: both sides checksum every range (the server from what it "
-                 "wrote) and compare; a mismatch fails the copy and nothing is published")
-      ("checksum", po::value<std::string>()->default_value("xxh3"), "checksum for --verify: xxh3 (XXH3-64) or crc32c")
+                 "wrote) and compare; a mismatch fails the copy and nothing is published. With "
+                 "--resume the whole file is compared too")
+      ("checksum", po::value<std::string>()->default_value("xxh3"),
+       "checksum for --verify and --resume: xxh3 (XXH3-64) or crc32c")
+      ("resume", "resume an interrupted copy: send only what follows the server's partial file "
+                 "(or shorter DST) when its checksum matches the start of SRC; else send it all "
+                 "from offset 0 (see above)")
+      ("no-partial", "ask the server to remove, not keep, what arrived when this copy is interrupted "
+                     "(then it cannot be resumed)")
+      ("rate", po::value<std::string>(),
+       "cap the sending rate of all streams together, bits per second, decimal as iperf3 -b: "
+       "800k, 80M, 2.5G (0: unlimited)")
       ("sink", "ask the server to discard the data instead of writing it: measures the network only")
       ("connect-timeout", po::value<double>()->default_value(5.0), "seconds to wait for the connection")
       ("timeout", po::value<double>()->default_value(60.0),
@@ -330,15 +578,18 @@ int main(int argc, char** argv) {
       ("root", po::value<std::string>(), "directory to write received files into (must exist)")
       ("bind", po::value<std::string>()->default_value("0.0.0.0"), "address to listen on")
       ("idle-timeout", po::value<double>()->default_value(60.0),
-       "seconds a connection may stay silent before it is dropped (its transfer fails)")
-      ("max-connections", po::value<size_t>()->default_value(256), "connections served at once; more are refused")
+       "seconds a connection may stay silent before it is dropped (its transfer fails; what arrived "
+       "is kept for --resume)")
+      ("max-duration", po::value<double>()->default_value(0.0),
+       "stop after this many seconds, as on SIGTERM, and exit 0 (0: run until a signal); "
+       "open transfers are interrupted")
+      ("max-connections", po::value<size_t>()->default_value(256),
+       "connections served at once; more get a \"server busy\" error and are closed")
       ("port-file", po::value<std::string>(), "write the bound port number to this file once listening");
   po::options_description hidden;
-  hidden.add_options()
-      ("source", po::value<std::string>(), "")
-      ("target", po::value<std::string>(), "");
+  hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::positional_options_description positional;
-  positional.add("source", 1).add("target", 1);
+  positional.add("args", -1);
 
   po::options_description all;
   all.add(common).add(client).add(server).add(hidden);
@@ -354,12 +605,19 @@ int main(int argc, char** argv) {
   }
   if (vm.count("help")) {
     std::cout << kUsage << "\n" << kDescription << "\n" << visible << "\n"
-              << "Exit status: 0 success, 1 the copy failed (reason on stderr / in the JSON), 2 bad usage.\n";
+              << "Exit status: 0 success, 1 a copy failed (reason on stderr / in the JSON), 2 bad usage.\n";
     return kExitOk;
   }
   try {
     return vm.count("server") ? RunServer(vm) : RunClient(vm);
-  } catch (const std::exception& e) {
+  } catch (const po::error& e) {
     return UsageError(e.what(), json_requested);
+  } catch (const std::exception& e) {
+    if (json_requested) {
+      PrintJson({{"ok", false}, {"mode", vm.count("server") ? "server" : "client"}, {"error", e.what()},
+                 {"error_code", "Internal"}});
+    }
+    std::cerr << "rcopy: " << e.what() << "\n";
+    return kExitFailed;
   }
 }

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/coding.h"
 #include "base/file.h"
 #include "base/logging.h"
 #include "fmt/format.h"
@@ -43,22 +44,112 @@ Deadline BulkDeadline(std::chrono::milliseconds idle, uint64_t bytes) {
   return Deadline::After(idle + std::chrono::milliseconds(bytes / 10'000));
 }
 
+// The identity of a resume base: it changes when the file is replaced,
+// resized or written to (not when it is renamed).
+uint64_t FileIdentity(const struct stat& st) {
+  std::string key;
+  PutFixed64(&key, static_cast<uint64_t>(st.st_dev));
+  PutFixed64(&key, static_cast<uint64_t>(st.st_ino));
+  PutFixed64(&key, static_cast<uint64_t>(st.st_size));
+  PutFixed64(&key, static_cast<uint64_t>(st.st_mtim.tv_sec));
+  PutFixed64(&key, static_cast<uint64_t>(st.st_mtim.tv_nsec));
+  uint64_t id = DigestOf(ChecksumAlgorithm::kXxh3, key);
+  return id == 0 ? 1 : id;
+}
+
+// Why a transfer ended decides what happens to the bytes it received. An
+// interruption (the client went away or silent, the server is stopping) keeps
+// them for --resume when the client asked for it; anything else (checksum
+// mismatch, protocol violation, disk full, write errors, refused names)
+// removes them: they are suspect or the reason would recur.
+bool IsInterruption(const Status& why) {
+  switch (why.code()) {
+    case StatusCode::kUnavailable:
+    case StatusCode::kClosed:
+    case StatusCode::kTimeout:
+    case StatusCode::kAborted: return true;
+    default: return false;
+  }
+}
+
+// Copies [0, length) of `from` to the same offsets of `to` (copy_file_range,
+// else read + write), stopping when *cancel becomes true.
+Status CopyPrefix(int from, int to, uint64_t length, const std::atomic<bool>& cancel) {
+  uint64_t done = 0;
+  bool use_copy_range = true;
+  std::vector<char> buffer;
+  while (done < length) {
+    if (cancel.load(std::memory_order_relaxed)) return Status::Aborted("copy of the resume base cancelled");
+    size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, 16u << 20));
+    if (use_copy_range) {
+      loff_t in = static_cast<loff_t>(done), out = static_cast<loff_t>(done);
+      ssize_t n = ::copy_file_range(from, &in, to, &out, want, 0);
+      if (n > 0) {
+        done += static_cast<uint64_t>(n);
+        continue;
+      }
+      if (n == 0) return Status::Corruption(fmt::format("resume base ended at {} of {} bytes", done, length));
+      if (errno == EINTR) continue;
+      if (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP && errno != EPERM) {
+        return ErrnoStatus(errno, "copy the resume base");
+      }
+      use_copy_range = false;
+    }
+    buffer.resize(1u << 20);
+    want = std::min(want, buffer.size());
+    ssize_t got = ::pread(from, buffer.data(), want, static_cast<off_t>(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoStatus(errno, "read the resume base");
+    if (got == 0) return Status::Corruption(fmt::format("resume base ended at {} of {} bytes", done, length));
+    size_t written = 0;
+    while (written < static_cast<size_t>(got)) {
+      ssize_t w = ::pwrite(to, buffer.data() + written, static_cast<size_t>(got) - written,
+                           static_cast<off_t>(done + written));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return ErrnoStatus(errno, "write the resume base");
+      written += static_cast<size_t>(w);
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
 // One file being received, shared by the connections of its streams.
+//
+// Files in the destination directory: the temporary file
+// ".<name>.rcopy-<transfer id>.tmp" receives the data; it is renamed to
+// <name> when every stream committed, or — when the transfer was
+// interrupted and the client set kOpenFlagKeepPartial — cut to the
+// contiguous prefix that arrived and renamed to PartialFileName(<name>) once
+// the last stream left; otherwise it is removed. A resumed transfer takes the
+// partial file over by renaming it to its temporary name (or copies the
+// prefix of the existing <name> into a new temporary file).
 class Transfer {
  public:
   Transfer(const OpenRequest& params, SafeRelativePath path)
-      : params_(params), path_(std::move(path)), seen_(params.streams, false) {}
+      : params_(params),
+        path_(std::move(path)),
+        seen_(params.streams, false),
+        received_(params.streams, 0),
+        base_ready_(params.resume_base != ResumeBase::kTarget) {}
 
   ~Transfer() {
     std::lock_guard<std::mutex> lock(mu_);
-    RemoveTempLocked();
+    if (keep_partial_) {
+      KeepPartialLocked();
+    } else {
+      RemoveTempLocked();
+    }
   }
 
   const OpenRequest& params() const { return params_; }
   const SafeRelativePath& path() const { return path_; }
   int fd() const { return file_fd_.get(); }
 
-  // Creates the temporary file next to the final name, beneath root_fd.
+  // Creates the temporary file next to the final name, beneath root_fd: an
+  // empty one, the partial file taken over, or (resume from the target) an
+  // empty one to be filled by CopyBase. Conflict when the resume base is gone
+  // or no longer the file RESUME_INFO described.
   Status CreateTemp(int root_fd) {
     CANOPY_ASSIGN_OR_RETURN(dir_fd_, OpenParentBeneath(root_fd, path_, /*create_missing=*/true));
     struct stat st;
@@ -66,6 +157,10 @@ class Transfer {
       return Status::AlreadyExists("destination '" + path_.ToString() + "' is a directory");
     }
     temp_name_ = fmt::format(".{}.rcopy-{:016x}.tmp", path_.file.substr(0, 200), params_.transfer_id);
+    if (params_.resume_base == ResumeBase::kPartial) return ClaimPartial();
+    if (params_.resume_base == ResumeBase::kTarget) {
+      CANOPY_ASSIGN_OR_RETURN(base_fd_, OpenBase(path_.file, "the existing '" + path_.ToString() + "'"));
+    }
     int fd = ::openat(dir_fd_.get(), temp_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                       0600);
     if (fd < 0) {
@@ -77,11 +172,25 @@ class Transfer {
     return Status::Ok();
   }
 
+  // Resume from the target: copies its first resume_offset bytes into the
+  // temporary file. Called once, by the stream that created the transfer,
+  // outside the server's locks (the other streams write only at or after
+  // resume_offset meanwhile).
+  Status CopyBase(const std::atomic<bool>& cancel) {
+    if (params_.resume_base != ResumeBase::kTarget) return Status::Ok();
+    Status s = CopyPrefix(base_fd_.get(), file_fd_.get(), params_.resume_offset, cancel);
+    std::lock_guard<std::mutex> lock(mu_);
+    base_fd_.Reset();
+    if (s.ok()) base_ready_ = true;
+    return s.WithContext("resume from the existing '" + path_.ToString() + "'");
+  }
+
   // Whether `other` describes the same transfer (every stream must agree).
   bool Matches(const OpenRequest& other) const {
     return other.name == params_.name && other.file_size == params_.file_size && other.mode == params_.mode &&
            other.streams == params_.streams && other.flags == params_.flags &&
-           other.checksum == params_.checksum;
+           other.checksum == params_.checksum && other.resume_offset == params_.resume_offset &&
+           other.resume_base == params_.resume_base && other.base_id == params_.base_id;
   }
 
   Status AddStream(uint16_t index) {
@@ -94,10 +203,20 @@ class Transfer {
     return Status::Ok();
   }
 
-  // Returns the number of streams still attached.
+  // Returns the number of streams still attached. When it is 0 an
+  // interrupted transfer keeps its partial file now (no stream writes any
+  // more).
   int Detach() {
     std::lock_guard<std::mutex> lock(mu_);
-    return --attached_;
+    if (--attached_ == 0 && keep_partial_) KeepPartialLocked();
+    return attached_;
+  }
+
+  // Stream `index` has `bytes` of its range in the file (contiguous from the
+  // start of its range).
+  void RecordReceived(uint16_t index, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    received_[index] = bytes;
   }
 
   // OK while the transfer is alive or published; its failure otherwise.
@@ -111,19 +230,32 @@ class Transfer {
     return finished_;
   }
 
+  // The server's digest of the whole published file (verified resumes).
+  uint64_t file_digest() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return file_digest_;
+  }
+
   // Marks the transfer failed (first reason wins), removes the temporary
-  // file and wakes streams waiting in CommitStream.
+  // file (or marks it to be kept, see the class comment) and wakes streams
+  // waiting in CommitStream.
   void Fail(const Status& why) {
     std::lock_guard<std::mutex> lock(mu_);
     FailLocked(why);
   }
 
-  // Called by a stream whose range arrived completely. The last stream to
-  // commit publishes the file; the others wait for that (up to `wait`).
-  // Returns the outcome of the whole transfer.
-  Status CommitStream(std::chrono::milliseconds wait) {
+  // Called by a stream whose range arrived completely, with the whole-file
+  // digest its COMMIT carried. The last stream to commit publishes the file;
+  // the others wait for that (up to `wait`). Returns the outcome of the whole
+  // transfer.
+  Status CommitStream(std::chrono::milliseconds wait, uint64_t client_file_digest) {
     std::unique_lock<std::mutex> lock(mu_);
     if (finished_) return outcome_;
+    if (committed_ > 0 && client_file_digest != client_file_digest_) {
+      FailLocked(Status::Corruption("streams disagree about the whole-file checksum"));
+      return outcome_;
+    }
+    client_file_digest_ = client_file_digest;
     ++committed_;
     if (committed_ == params_.streams) {
       Status published = PublishLocked();
@@ -144,25 +276,123 @@ class Transfer {
   }
 
  private:
+  // Opens `name` in the destination directory as a resume base: a regular
+  // file (never through a symlink) with the identity the client was given.
+  Result<UniqueFd> OpenBase(const std::string& name, const std::string& what, int flags = O_RDONLY) {
+    int fd = ::openat(dir_fd_.get(), name.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ELOOP) {
+        return Status::Conflict(what + " to resume from is gone; run the copy again");
+      }
+      return ErrnoStatus(errno, "open " + what + " to resume from");
+    }
+    UniqueFd base(fd);
+    struct stat st;
+    if (::fstat(base.get(), &st) != 0) return ErrnoStatus(errno, "stat " + what);
+    if (!S_ISREG(st.st_mode) || FileIdentity(st) != params_.base_id ||
+        static_cast<uint64_t>(st.st_size) < params_.resume_offset) {
+      return Status::Conflict(what + " changed since --resume checked it; run the copy again");
+    }
+    int fl = ::fcntl(base.get(), F_GETFL);
+    if (fl >= 0) (void)::fcntl(base.get(), F_SETFL, fl & ~O_NONBLOCK);
+    return base;
+  }
+
+  // Takes the partial file over: renames it to the temporary name.
+  Status ClaimPartial() {
+    const std::string partial = PartialFileName(path_.file);
+    const std::string what = "the partial file of '" + path_.ToString() + "'";
+    std::string temp = std::move(temp_name_);
+    temp_name_.clear();
+    CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenBase(partial, what, O_RDWR));
+    if (::renameat(dir_fd_.get(), partial.c_str(), dir_fd_.get(), temp.c_str()) != 0) {
+      if (errno == ENOENT) return Status::Conflict(what + " to resume from is gone; run the copy again");
+      return ErrnoStatus(errno, "take over " + what);
+    }
+    temp_name_ = temp;  // ours now: removed or kept like any temporary file
+    struct stat opened, renamed;
+    if (::fstat(fd.get(), &opened) != 0 ||
+        ::fstatat(dir_fd_.get(), temp_name_.c_str(), &renamed, AT_SYMLINK_NOFOLLOW) != 0 ||
+        opened.st_ino != renamed.st_ino || opened.st_dev != renamed.st_dev) {
+      // Not the file we checked: put it back and leave it alone.
+      (void)::renameat(dir_fd_.get(), temp_name_.c_str(), dir_fd_.get(), partial.c_str());
+      temp_name_.clear();
+      return Status::Conflict(what + " was replaced while --resume took it over; run the copy again");
+    }
+    if (static_cast<uint64_t>(opened.st_size) != params_.resume_offset &&
+        ::ftruncate(fd.get(), static_cast<off_t>(params_.resume_offset)) != 0) {
+      return ErrnoStatus(errno, "truncate " + what);
+    }
+    file_fd_ = std::move(fd);
+    return Status::Ok();
+  }
+
   void FailLocked(const Status& why) {
     if (finished_) return;
     finished_ = true;
     outcome_ = why.ok() ? Status::Internal("transfer failed without a reason") : why;
-    RemoveTempLocked();
+    if (params_.keep_partial() && !params_.sink() && IsInterruption(outcome_) && !temp_name_.empty()) {
+      keep_partial_ = true;  // done when the last stream detaches (no writer left)
+    } else {
+      RemoveTempLocked();
+    }
     cv_.notify_all();
   }
 
+  // Unlinks the temporary file. The descriptor stays open until the transfer
+  // is destroyed: other streams may still be writing through it, and closing
+  // it under them could let them write into whatever file reuses the number.
   void RemoveTempLocked() {
     if (!temp_name_.empty() && dir_fd_.valid()) {
       ::unlinkat(dir_fd_.get(), temp_name_.c_str(), 0);
       temp_name_.clear();
     }
-    file_fd_.Reset();
+  }
+
+  // The bytes known to be in the file from offset 0 on: the resume base, then
+  // each stream's range while the previous ranges arrived completely.
+  uint64_t ContiguousPrefixLocked() const {
+    if (!base_ready_) return 0;
+    uint64_t prefix = params_.resume_offset;
+    for (uint16_t i = 0; i < params_.streams; ++i) {
+      ByteRange r = StreamRange(params_.file_size, params_.resume_offset, params_.streams, i);
+      prefix += received_[i];
+      if (received_[i] < r.length) break;
+    }
+    return prefix;
+  }
+
+  // Cuts the temporary file to its contiguous prefix and renames it to the
+  // partial file name (replacing an older one); removes it when empty.
+  void KeepPartialLocked() {
+    keep_partial_ = false;
+    if (temp_name_.empty()) return;
+    uint64_t prefix = ContiguousPrefixLocked();
+    const std::string partial = PartialFileName(path_.file);
+    if (prefix > 0 && ::ftruncate(file_fd_.get(), static_cast<off_t>(prefix)) == 0 &&
+        ::renameat(dir_fd_.get(), temp_name_.c_str(), dir_fd_.get(), partial.c_str()) == 0) {
+      CANOPY_LOG(kInfo, "rcopy server: kept {} bytes of '{}' as '{}' for --resume", prefix, path_.ToString(),
+                 partial);
+      temp_name_.clear();
+      file_fd_.Reset();
+      return;
+    }
+    RemoveTempLocked();
   }
 
   Status PublishLocked() {
     if (params_.sink()) return Status::Ok();
     std::string name = "'" + path_.ToString() + "'";
+    if (!base_ready_) return Status::Internal("publishing " + name + " before its resume base was copied");
+    if (params_.verify() && params_.resume_offset > 0) {
+      // The ranges' digests cover only what was sent; check the whole file.
+      CANOPY_ASSIGN_OR_RETURN(file_digest_, DigestFileRange(file_fd_.get(), 0, params_.file_size, params_.checksum));
+      if (file_digest_ != client_file_digest_) {
+        return Status::Corruption(fmt::format("{} mismatch on the whole resumed file {}: client {}, server {}",
+                                              ChecksumAlgorithmName(params_.checksum), name,
+                                              DigestHex(client_file_digest_), DigestHex(file_digest_)));
+      }
+    }
     if (::fchmod(file_fd_.get(), params_.mode & 0777) != 0) return ErrnoStatus(errno, "chmod " + name);
     CANOPY_RETURN_IF_ERROR(FsyncFd(file_fd_.get(), name));
     if (::renameat(dir_fd_.get(), temp_name_.c_str(), dir_fd_.get(), path_.file.c_str()) != 0) {
@@ -170,6 +400,8 @@ class Transfer {
     }
     temp_name_.clear();  // published: never remove it now
     file_fd_.Reset();
+    // A partial file of an earlier interrupted copy is obsolete now.
+    ::unlinkat(dir_fd_.get(), PartialFileName(path_.file).c_str(), 0);
     if (::fsync(dir_fd_.get()) != 0) return ErrnoStatus(errno, "fsync directory of " + name);
     return Status::Ok();
   }
@@ -178,15 +410,21 @@ class Transfer {
   const SafeRelativePath path_;
   UniqueFd dir_fd_;
   UniqueFd file_fd_;
+  UniqueFd base_fd_;       // resume from the target: the target, until CopyBase
   std::string temp_name_;  // empty when there is nothing to remove
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<bool> seen_;
+  std::vector<uint64_t> received_;  // per stream, contiguous from its range start
+  bool base_ready_;
   int attached_ = 0;
   int committed_ = 0;
   bool finished_ = false;
+  bool keep_partial_ = false;  // failed by an interruption: keep at the last Detach
   Status outcome_;
+  uint64_t client_file_digest_ = 0;
+  uint64_t file_digest_ = 0;
 };
 
 }  // namespace
@@ -219,8 +457,12 @@ class Server::Impl {
     });
   }
 
-  ServerStats stats() const {
+  ServerStats stats() {
     ServerStats s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.active_connections = active_;
+    }
     s.connections = connections_.load();
     s.files_published = published_.load();
     s.transfers_failed = failed_.load();
@@ -245,8 +487,11 @@ class Server::Impl {
       if (active_ >= options_.max_connections) {
         lock.unlock();
         CANOPY_LOG(kWarn, "rcopy server: refusing {}: {} connections open", conn->peer_uri(), active_);
-        (void)conn->Send(kMsgResult, EncodeResult(ResultMessage::FromStatus(Status::ResourceExhausted(
-                                         fmt::format("server busy: {} connections open", options_.max_connections)))));
+        (void)conn->Send(kMsgResult,
+                         EncodeResult(ResultMessage::FromStatus(Status::ResourceExhausted(fmt::format(
+                             "server busy: it already serves its maximum of {} connections (--max-connections); "
+                             "try again later",
+                             options_.max_connections)))));
         (void)conn->Shutdown();
         continue;
       }
@@ -299,7 +544,12 @@ class Server::Impl {
     }
   }
 
-  Result<std::shared_ptr<Transfer>> Attach(const OpenRequest& open, SafeRelativePath path) {
+  struct Attached {
+    std::shared_ptr<Transfer> transfer;
+    bool created = false;  // this stream created the transfer (and copies its resume base)
+  };
+
+  Result<Attached> Attach(const OpenRequest& open, SafeRelativePath path) {
     std::lock_guard<std::mutex> lock(transfers_mu_);
     if (tombstones_.count(open.transfer_id) != 0) {
       return Status::Aborted("this transfer already failed on another stream");
@@ -311,13 +561,13 @@ class Server::Impl {
         return Status::InvalidArgument("transfer id reused with different file parameters");
       }
       CANOPY_RETURN_IF_ERROR(transfer->AddStream(open.stream_index));
-      return transfer;
+      return Attached{transfer, false};
     }
     auto transfer = std::make_shared<Transfer>(open, std::move(path));
     if (!open.sink()) CANOPY_RETURN_IF_ERROR(transfer->CreateTemp(root_fd_.get()));
     CANOPY_RETURN_IF_ERROR(transfer->AddStream(open.stream_index));
     transfers_[open.transfer_id] = transfer;
-    return transfer;
+    return Attached{transfer, true};
   }
 
   void Detach(const std::shared_ptr<Transfer>& transfer) {
@@ -346,6 +596,7 @@ class Server::Impl {
       CANOPY_LOG(kDebug, "rcopy server: {}: no OPEN: {}", peer, first.status().ToString());
       return;
     }
+    if (first->type == kMsgQuery && first->bulk_bytes == 0) return AnswerQuery(conn, first->payload);
     if (first->type != kMsgOpen) {
       RefuseAndClose(conn, Status::Corruption(fmt::format("expected OPEN, got message type 0x{:04x}", first->type)),
                      first->bulk_bytes == 0);
@@ -365,13 +616,73 @@ class Server::Impl {
       CANOPY_LOG(kWarn, "rcopy server: {}: {}", peer, attached.status().ToString());
       return RefuseAndClose(conn, attached.status(), true);
     }
-    std::shared_ptr<Transfer> transfer = std::move(attached).value();
-    ServeStream(conn, *open, *transfer);
+    std::shared_ptr<Transfer> transfer = std::move(attached->transfer);
+    ServeStream(conn, *open, *transfer, attached->created);
     Detach(transfer);
   }
 
-  void ServeStream(Connection& conn, const OpenRequest& open, Transfer& transfer) {
+  // QUERY: tells the client what it could resume from. Read-only: the
+  // partial file is taken over only by the OPEN that follows.
+  void AnswerQuery(Connection& conn, std::string_view payload) {
     const std::string peer = conn.peer_uri();
+    auto query = DecodeQuery(payload);
+    if (!query.ok()) return RefuseAndClose(conn, query.status(), true);
+    auto info = FindResumeBase(*query);
+    if (!info.ok()) {
+      CANOPY_LOG(kWarn, "rcopy server: {}: resume query for '{}': {}", peer, query->name, info.status().ToString());
+      return RefuseAndClose(conn, info.status(), true);
+    }
+    CANOPY_LOG(kDebug, "rcopy server: {}: resume query for '{}': {} of {} bytes", peer, query->name,
+               ResumeBaseName(info->base), info->size);
+    (void)conn.Send(kMsgResumeInfo, EncodeResumeInfo(*info));
+    (void)conn.Shutdown();
+    auto tail = conn.Receive(Deadline::After(std::chrono::seconds(2)));  // the client's end of stream
+    (void)tail;
+  }
+
+  // The partial file of the name, else the name itself when it is a regular
+  // file (symlinks are never followed), else nothing.
+  Result<ResumeInfo> FindResumeBase(const QueryRequest& query) {
+    CANOPY_ASSIGN_OR_RETURN(SafeRelativePath path, SplitSafeRelativePath(query.name));
+    ResumeInfo info;
+    auto dir = OpenParentBeneath(root_fd_.get(), path, /*create_missing=*/false);
+    if (!dir.ok()) {
+      if (dir.status().IsNotFound()) return info;
+      return dir.status();
+    }
+    const std::pair<ResumeBase, std::string> candidates[] = {{ResumeBase::kPartial, PartialFileName(path.file)},
+                                                             {ResumeBase::kTarget, path.file}};
+    for (const auto& [base, name] : candidates) {
+      int fd = ::openat(dir->get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) {
+        if (errno == ENOENT || errno == ELOOP) continue;
+        return ErrnoStatus(errno, "open '" + name + "' to resume from");
+      }
+      UniqueFd file(fd);
+      struct stat st;
+      if (::fstat(file.get(), &st) != 0) return ErrnoStatus(errno, "stat '" + name + "'");
+      if (!S_ISREG(st.st_mode)) continue;
+      info.base = base;
+      info.size = static_cast<uint64_t>(st.st_size);
+      info.base_id = FileIdentity(st);
+      if (info.size <= query.source_size) {
+        info.checksum = query.checksum;
+        CANOPY_ASSIGN_OR_RETURN(info.digest, DigestFileRange(file.get(), 0, info.size, query.checksum, &stopping_));
+      }
+      return info;
+    }
+    return info;
+  }
+
+  void ServeStream(Connection& conn, const OpenRequest& open, Transfer& transfer, bool created) {
+    const std::string peer = conn.peer_uri();
+    if (created) {
+      Status based = transfer.CopyBase(stopping_);
+      if (!based.ok()) {
+        transfer.Fail(based);
+        return RefuseAndClose(conn, based, true);
+      }
+    }
     Status sent = SendResult(conn, ResultMessage{});
     if (!sent.ok()) {
       transfer.Fail(sent.WithContext("send OPEN reply"));
@@ -380,8 +691,9 @@ class Server::Impl {
     Digest digest(open.verify() ? open.checksum : ChecksumAlgorithm::kNone);
     uint64_t received = 0;
     bool clean = true;
-    Status status = ReceiveRange(conn, open, transfer, digest, &received, &clean);
-    if (status.ok()) status = transfer.CommitStream(options_.idle_timeout);
+    uint64_t client_file_digest = 0;
+    Status status = ReceiveRange(conn, open, transfer, digest, &received, &clean, &client_file_digest);
+    if (status.ok()) status = transfer.CommitStream(options_.idle_timeout, client_file_digest);
     if (!status.ok()) {
       transfer.Fail(status);
       Status outcome = transfer.failure();  // the first reason, maybe another stream's
@@ -399,6 +711,7 @@ class Server::Impl {
     result.bytes = received;
     result.checksum = digest.algorithm();
     result.digest = digest.Value();
+    result.file_digest = transfer.file_digest();
     (void)SendResult(conn, result);
     (void)conn.Shutdown();
     // Wait (briefly) for the client's end of stream, so that closing here
@@ -410,7 +723,7 @@ class Server::Impl {
   // Receives DATA messages until a valid COMMIT. *clean tells whether the
   // stream is still at a message boundary when an error is returned.
   Status ReceiveRange(Connection& conn, const OpenRequest& open, Transfer& transfer, Digest& digest,
-                      uint64_t* received, bool* clean) {
+                      uint64_t* received, bool* clean, uint64_t* client_file_digest) {
     const uint64_t end = open.range_offset + open.range_length;
     uint64_t next = open.range_offset;
     std::string verify_buffer;
@@ -439,6 +752,7 @@ class Server::Impl {
                                                 commit.bytes));
         }
         *received = next - open.range_offset;
+        *client_file_digest = commit.file_digest;
         if (open.verify()) {
           if (commit.checksum != open.checksum) {
             return Status::Corruption(fmt::format("COMMIT checksum is {}, OPEN said {}",
@@ -473,6 +787,7 @@ class Server::Impl {
       }
       next += m->bulk_bytes;
       *received = next - open.range_offset;
+      transfer.RecordReceived(open.stream_index, *received);
       bytes_.fetch_add(m->bulk_bytes, std::memory_order_relaxed);
     }
   }

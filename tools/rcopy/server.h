@@ -5,10 +5,27 @@
 //  - Nothing is written outside the root: names are checked with
 //    SplitSafeRelativePath and opened with OpenParentBeneath (safe_path.h).
 //  - No partial file ever appears under a final name: data goes into a
-//    temporary file in the destination directory, which is fsynced once, then
-//    renamed over the final name (and the directory fsynced) after every
-//    stream has committed (and, with --verify, every range checksum matched).
-//    On any failure or disconnect the temporary file is removed.
+//    temporary file ".<name>.rcopy-<transfer id>.tmp" in the destination
+//    directory, which is fsynced once, then renamed over the final name (and
+//    the directory fsynced) after every stream has committed (and, with
+//    --verify, every range checksum matched).
+//  - What a failed transfer leaves: when it was interrupted (the client
+//    disconnected or went silent for idle_timeout, or the server was
+//    stopped) and the client set kOpenFlagKeepPartial (rcopy does unless
+//    --no-partial), the temporary file is cut to the contiguous prefix that
+//    arrived (with N streams: stream 1's range, then stream 2's while the
+//    previous ones are complete, ...) and renamed to ".<name>.rcopy-partial"
+//    (PartialFileName) once the last stream left, replacing an older one; an
+//    empty prefix is removed. Any other failure (checksum mismatch, protocol
+//    violation, disk full, write error) removes the temporary file. A server
+//    that dies (SIGKILL, crash) leaves its ".tmp" files behind; they are not
+//    used for resuming (remove them by hand). Publishing a file removes its
+//    partial file.
+//  - Resume (protocol.h): QUERY is answered from the partial file, else the
+//    existing regular file under the name (never through a symlink), with
+//    its size and checksum; an OPEN with a resume base takes the partial file
+//    over (rename) or copies the target's prefix into a new temporary file,
+//    and with verify the whole file is checksummed again before publishing.
 //  - Errors (disk full, file size limit, permission denied, bad names,
 //    checksum mismatch, protocol violations) go back to the client as a RESULT
 //    message with the status code and reason.
@@ -35,12 +52,14 @@ struct ServerOptions {
   // A connection that receives nothing for this long is dropped; also bounds
   // how long a committed stream waits for the other streams of its transfer.
   std::chrono::milliseconds idle_timeout{60000};
-  // Connections beyond this are answered with ResourceExhausted and closed.
+  // Connections beyond this are answered with a ResourceExhausted RESULT
+  // ("server busy: ...") and closed; the client reports it and gives up.
   size_t max_connections = 256;
 };
 
 struct ServerStats {
   uint64_t connections = 0;       // accepted so far
+  uint64_t active_connections = 0;  // being served now (not counting refused ones)
   uint64_t files_published = 0;   // transfers renamed into place (or sunk)
   uint64_t transfers_failed = 0;
   uint64_t bytes_received = 0;    // bulk bytes over all connections

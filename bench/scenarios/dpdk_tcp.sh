@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# bench/scenarios/dpdk_tcp.sh — canopy's `bench` tool over dpdk:// between
+# two processes joined by a net_memif shared-memory port pair (--no-huge, no
+# PCI device, no NIC) versus tcp:// on 127.0.0.1:
+# bulk bandwidth per message size (one comparison per size, plus a sweep of
+# the per-size medians) and small-message ping-pong latency p50 / p99. Then
+# "vs raw frame I/O": dpdk-testpmd in txonly mode on a second memif pair
+# feeding a testpmd in rxonly mode, with frames of the size canopy's dpdk
+# backend sends (its port MTU + the 14-byte Ethernet header, read from the
+# server's log); its receive rate, counted as canopy's stream payload per frame
+# (the MSS), is compared with dpdk:// bench at the largest message size. Server
+# sides (bench --server, testpmd rxonly) are pinned to one core and client
+# sides to another (taskset; testpmd through --lcores). The idle dpdk:// server
+# is stopped (SIGSTOP) while tcp:// and testpmd run, so its idle poller does
+# not take their core. Skips (77) when DPDK's EAL cannot start; when testpmd
+# cannot run only that comparison is left out (reason in details).
+# Contract: bench/lib.sh.
+set -euo pipefail
+source "$BENCH_REPO/bench/lib.sh"
+
+bench=$BENCH_BUILD/tools/bench/bench
+[[ -x $bench ]] || { bench_log "$bench not built"; exit 1; }
+reps=${BENCH_REPS:-3}
+read -r -a sizes <<<"$(bench_pick "65536" "65536 1048576" "65536 1048576 4194304")"
+seconds=$(bench_pick 1 2 3)
+lat_size=64
+lat_seconds=$(bench_pick 0.5 1 2)
+
+mapfile -t cpus < <(bench_cpus)
+server_cpu=${cpus[0]}
+client_cpu=${cpus[1]:-${cpus[0]}}
+cores_note="servers (bench --server, testpmd rxonly) on core $server_cpu, clients (bench, testpmd txonly) on core $client_cpu"
+((${#cpus[@]} > 1)) || cores_note="only one CPU: servers and clients share core $server_cpu"
+
+work=$BENCH_WORK/dpdk_tcp
+pfx=canopy-bench-$$  # EAL --file-prefix of every DPDK process started here
+dpdk_pid="" tcp_pid="" rx_pid="" tx_pid=""
+cleanup() {
+  [[ -z $dpdk_pid ]] || kill -CONT "$dpdk_pid" 2>/dev/null || true
+  bench_kill "$tx_pid" "$rx_pid" "$dpdk_pid" "$tcp_pid"
+  # EAL's runtime dirs (root: /var/run/dpdk; others: $XDG_RUNTIME_DIR or /tmp).
+  rm -rf /var/run/dpdk/"$pfx"-* "${XDG_RUNTIME_DIR:-/tmp}"/dpdk/"$pfx"-* /tmp/dpdk/"$pfx"-* 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
+mkdir -p "$work"
+
+eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
+sock=$work/memif.sock
+server_args="$eal --file-prefix=$pfx-srv --vdev=net_memif0,role=server,socket=$sock"
+client_args="$eal --file-prefix=$pfx-cli --vdev=net_memif0,role=client,socket=$sock ip=10.0.0.2"
+
+# ---- servers
+taskset -c "$server_cpu" "$bench" --server --transport dpdk --bind 10.0.0.1 -p 0 --port-file "$work/port.dpdk" \
+  --transport-arg "$server_args" > "$work/server.dpdk.log" 2>&1 &
+dpdk_pid=$!
+deadline=$((SECONDS + 30))
+until [[ -s $work/port.dpdk ]] || ! kill -0 "$dpdk_pid" 2>/dev/null || ((SECONDS >= deadline)); do sleep 0.05; done
+if [[ ! -s $work/port.dpdk ]]; then
+  why=$(grep -a '^bench:' "$work/server.dpdk.log" | tail -n 1) || true
+  [[ -n $why ]] || why=$(grep -a -v '^$' "$work/server.dpdk.log" | tail -n 4 | tr '\n' ' ' | tr -s ' ')
+  bench_kill "$dpdk_pid"
+  dpdk_pid=""
+  grep -a -q -i 'eal\|dpdk' "$work/server.dpdk.log" && bench_skip "DPDK cannot run here (bench --server over dpdk:// with memif, --no-huge): $why"
+  bench_log "dpdk:// bench server did not start: $why"
+  exit 1
+fi
+dport=$(cat "$work/port.dpdk")
+# "dpdk: DPDK port 0 (net_memif0) up: mac ... mtu 1500 (mss 1352), ..."
+mtu=$(grep -a -o 'mtu [0-9]* (mss [0-9]*)' "$work/server.dpdk.log" | head -n 1 | awk '{ print $2 }')
+mss=$(grep -a -o 'mtu [0-9]* (mss [0-9]*)' "$work/server.dpdk.log" | head -n 1 | tr -d ')' | awk '{ print $4 }')
+
+taskset -c "$server_cpu" "$bench" --server -q --bind 127.0.0.1 -p 0 --port-file "$work/port.tcp" \
+  > "$work/server.tcp.log" 2>&1 &
+tcp_pid=$!
+bench_wait_file "$work/port.tcp" 10 || { bench_log "tcp:// bench server did not start: $(cat "$work/server.tcp.log")"; exit 1; }
+tport=$(cat "$work/port.tcp")
+bench_log "dpdk:// server on 10.0.0.1:$dport over memif (mtu ${mtu:-?}, mss ${mss:-?}), tcp:// on 127.0.0.1:$tport; $cores_note"
+
+runs=$work/runs.jsonl
+: > "$runs"
+
+# sample SCHEME TEST SIZE REP -> the bench JSON's results[0] (one line); the
+# dpdk:// server runs only during dpdk:// samples.
+sample() {
+  local scheme=$1 test=$2 size=$3 rep=$4 out t host port args=()
+  if [[ $test == bw ]]; then t=$seconds; else t=$lat_seconds; fi
+  if [[ $scheme == dpdk ]]; then
+    host=10.0.0.1 port=$dport args=(--transport-arg "$client_args")
+    kill -CONT "$dpdk_pid"
+  else
+    host=127.0.0.1 port=$tport
+  fi
+  out=$(timeout 120 taskset -c "$client_cpu" "$bench" "$host" --transport "$scheme" -p "$port" -s "$size" \
+    -t "$t" -n 100000000 --test "$test" --json "${args[@]}" 2> "$work/client.log") || true
+  [[ $scheme == dpdk ]] && kill -STOP "$dpdk_pid"
+  jq -e '.ok == true and (.results | length) == 1' <<<"$out" > /dev/null 2>&1 ||
+    { bench_log "$scheme $test -s $size failed: $(head -c 500 <<<"$out") $(tail -n 3 "$work/client.log")"; return 1; }
+  jq -c --arg s "$scheme" --arg t "$test" --argjson r "$rep" '{label: "bench \($s)://", test: $t, rep: $r, result: .results[0]}' \
+    <<<"$out" >> "$runs"
+  jq -c '.results[0]' <<<"$out"
+}
+kill -STOP "$dpdk_pid"
+
+# ---- raw frame I/O: testpmd txonly -> memif -> testpmd rxonly
+testpmd_note=""
+frame=0
+if ! bench_need_peer dpdk-testpmd dpdk; then
+  testpmd_note="dpdk-testpmd missing and cannot be installed (apt-get install dpdk needs root)"
+elif [[ -z $mtu || -z $mss ]]; then
+  testpmd_note="no 'mtu N (mss M)' line in the dpdk:// server's log: frame size unknown"
+else
+  frame=$((mtu + 14))
+fi
+tp_sock=$work/testpmd.sock
+tp_period=1
+tp_tx_seconds=$((seconds + 2))  # traffic time once the sender forwards: a partial period + seconds + 1 full ones
+tp_mbuf=()
+((frame + 128 <= 2176)) || tp_mbuf=(--mbuf-size=$((frame + 128)))
+
+# stop_int PID: SIGINT (testpmd prints its totals and exits), up to 5 s, then
+# bench_kill; sets STOP_RC to its exit status (testpmd 22.11 over memif
+# sometimes crashes, 139, when its peer goes away: its figures are printed by
+# then, and the shell's report of the crash goes to the caller's stderr).
+STOP_RC=0
+stop_int() {
+  local i
+  STOP_RC=0
+  kill -INT "$1" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$1" 2>/dev/null || { wait "$1" || STOP_RC=$?; return 0; }
+  bench_kill "$1"
+  STOP_RC=137
+}
+
+# testpmd_sample REP -> receive packets/s (mean of the full stats periods);
+# returns 1 with testpmd_note set when testpmd does not run.
+testpmd_sample() {
+  local rep=$1 deadline pps
+  rm -f "$tp_sock"
+  # --lcores MAIN@cpu,FORWARD@cpu: the forwarding lcore sits on the server / client core.
+  timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
+    --file-prefix="$pfx-tprx" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_memif0,role=server,socket=$tp_sock" -- \
+    --forward-mode=rxonly --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
+    < /dev/null > "$work/testpmd.rx.$rep.log" 2>&1 &
+  rx_pid=$!
+  deadline=$((SECONDS + 20))
+  # memif sockets are abstract by default (no file): wait until it forwards.
+  until grep -a -q "packet forwarding - ports=" "$work/testpmd.rx.$rep.log"; do
+    if ((SECONDS >= deadline)) || ! kill -0 "$rx_pid" 2>/dev/null; then
+      testpmd_note="testpmd rxonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.rx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+      bench_kill "$rx_pid"; rx_pid=""
+      return 1
+    fi
+    sleep 0.05
+  done
+  timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
+    --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,socket=$tp_sock" -- \
+    --forward-mode=txonly --txpkts="$frame" --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
+    < /dev/null > "$work/testpmd.tx.$rep.log" 2>&1 &
+  tx_pid=$!
+  deadline=$((SECONDS + 20))
+  until grep -a -q "packet forwarding - ports=" "$work/testpmd.tx.$rep.log"; do
+    if ((SECONDS >= deadline)) || ! kill -0 "$tx_pid" 2>/dev/null; then
+      testpmd_note="testpmd txonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+      bench_kill "$tx_pid" "$rx_pid"; tx_pid="" rx_pid=""
+      return 1
+    fi
+    sleep 0.05
+  done
+  sleep "$tp_tx_seconds"
+  # The receiver stops first, while frames still flow (testpmd 22.11's memif
+  # server can crash when its client disconnects under traffic).
+  local rx_rc tx_rc
+  stop_int "$rx_pid"; rx_pid="" rx_rc=$STOP_RC
+  stop_int "$tx_pid"; tx_pid="" tx_rc=$STOP_RC
+  # Rx-pps per stats period: the first non-zero one is partial; drop the last too.
+  pps=$(grep -a -o 'Rx-pps: *[0-9]*' "$work/testpmd.rx.$rep.log" | awk '$2 > 0 { v[n++] = $2 }
+    END { if (n < 3) exit; s = 0; for (i = 1; i < n - 1; i++) s += v[i]; printf "%.0f\n", s / (n - 2) }')
+  if [[ -z $pps ]]; then
+    testpmd_note="testpmd received no frames over memif in full stats periods: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+    return 1
+  fi
+  jq -cn --argjson r "$rep" --argjson pps "$pps" --argjson f "$frame" --argjson m "$mss" \
+    --argjson rx_rc "$rx_rc" --argjson tx_rc "$tx_rc" \
+    --arg rx "$(grep -a -o 'Rx-pps: *[0-9]* *Rx-bps: *[0-9]*' "$work/testpmd.rx.$rep.log" | tr -s ' ' | tr '\n' ';')" \
+    '{label: "testpmd", rep: $r, rx_pps: $pps, frame_bytes: $f, payload_gbps: ($pps * $m * 8 / 1e9),
+      frame_gbps: ($pps * $f * 8 / 1e9), rx_periods: $rx,
+      exit_status: {rxonly: $rx_rc, txonly: $tx_rc}}' >> "$runs"
+  echo "$pps"
+}
+
+declare -A bw_d bw_t
+lat_d50=() lat_t50=() lat_d99=() lat_t99=() tp=() tp_dpdk=()
+last=${sizes[-1]}
+for ((rep = 1; rep <= reps; rep++)); do
+  r=$(sample dpdk lat "$lat_size" "$rep")
+  lat_d50+=("$(jq '.lat_p50_us * 100 | round / 100' <<<"$r")") lat_d99+=("$(jq '.lat_p99_us * 100 | round / 100' <<<"$r")")
+  r=$(sample tcp lat "$lat_size" "$rep")
+  lat_t50+=("$(jq '.lat_p50_us * 100 | round / 100' <<<"$r")") lat_t99+=("$(jq '.lat_p99_us * 100 | round / 100' <<<"$r")")
+  line="lat $lat_size B p50 dpdk ${lat_d50[-1]} / tcp ${lat_t50[-1]} µs"
+  for size in "${sizes[@]}"; do
+    # The largest size runs tcp first, so that dpdk:// sits next to testpmd.
+    if [[ $size != "$last" || $frame == 0 ]]; then
+      d=$(sample dpdk bw "$size" "$rep" | jq '.bw_avg_gbps * 10000 | round / 10000')
+      t=$(sample tcp bw "$size" "$rep" | jq '.bw_avg_gbps * 10000 | round / 10000')
+    else
+      t=$(sample tcp bw "$size" "$rep" | jq '.bw_avg_gbps * 10000 | round / 10000')
+      d=$(sample dpdk bw "$size" "$rep" | jq '.bw_avg_gbps * 10000 | round / 10000')
+    fi
+    bw_d[$size]+="$d " bw_t[$size]+="$t "
+    line+="; $size B dpdk $d / tcp $t Gbit/s"
+  done
+  if ((frame > 0)) && [[ -z $testpmd_note ]]; then
+    if testpmd_sample "$rep" > "$work/tp.out" 2> "$work/testpmd.shell.$rep.err"; then
+      pps=$(cat "$work/tp.out")
+      tp+=("$(awk -v p="$pps" -v m="$mss" 'BEGIN { printf "%.4f\n", p * m * 8 / 1e9 }')")
+      tp_dpdk+=("$d")
+      line+="; testpmd $pps frames/s of $frame B = ${tp[-1]} Gbit/s of $mss B payloads"
+    else
+      bench_log "testpmd left out: $testpmd_note"
+    fi
+  fi
+  bench_log "rep $rep/$reps: $line"
+done
+# A testpmd failure after the first rep would leave unpaired samples: drop them all.
+if [[ -n $testpmd_note ]]; then tp=() tp_dpdk=(); fi
+
+comparisons=$(
+  for size in "${sizes[@]}"; do
+    bench_comparison "bandwidth, $size B messages: dpdk:// (memif) vs tcp:// (127.0.0.1)" Gbit/s true \
+      "dpdk://" "$(bench_samples ${bw_d[$size]})" "tcp://" "$(bench_samples ${bw_t[$size]})"
+  done
+  bench_comparison "ping-pong latency p50, $lat_size B: dpdk:// (memif) vs tcp:// (127.0.0.1)" µs false \
+    "dpdk://" "$(bench_samples "${lat_d50[@]}")" "tcp://" "$(bench_samples "${lat_t50[@]}")"
+  bench_comparison "ping-pong latency p99, $lat_size B: dpdk:// (memif) vs tcp:// (127.0.0.1)" µs false \
+    "dpdk://" "$(bench_samples "${lat_d99[@]}")" "tcp://" "$(bench_samples "${lat_t99[@]}")"
+  if ((${#tp[@]} > 0)); then
+    bench_comparison "dpdk:// bench ($last B messages) vs raw testpmd txonly -> rxonly, $frame B frames on memif (Gbit/s of $mss B stream payload per frame)" \
+      Gbit/s true "dpdk:// bench" "$(bench_samples "${tp_dpdk[@]}")" "testpmd (raw frames)" "$(bench_samples "${tp[@]}")"
+  fi
+)
+comparisons=$(jq -s -c . <<<"$comparisons")
+
+sweep_in=$(for size in "${sizes[@]}"; do
+  jq -cn --argjson s "$size" --argjson d "$(bench_samples ${bw_d[$size]})" --argjson t "$(bench_samples ${bw_t[$size]})" \
+    '{size: $s, dpdk: $d, tcp: $t}'
+done | jq -s -c .)
+sweeps=$(jq -c 'def median: sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+  [{name: "bandwidth by message size (median of the reps)", x_label: "message size (bytes)", y_label: "Gbit/s",
+    logscale_x: true,
+    series: [{label: "dpdk:// (memif)", points: map([.size, (.dpdk | median)])},
+             {label: "tcp:// (127.0.0.1)", points: map([.size, (.tcp | median)])}]}]' <<<"$sweep_in")
+
+jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfile runs "$runs" \
+  --argjson sizes "$(bench_samples "${sizes[@]}")" --argjson seconds "$seconds" --argjson lat_size "$lat_size" \
+  --argjson lat_seconds "$lat_seconds" --argjson reps "$reps" --argjson cpus "$(nproc)" --arg cores "$cores_note" \
+  --arg mtu "${mtu:-}" --arg mss "${mss:-}" --argjson frame "$frame" --arg tp_note "$testpmd_note" \
+  --arg eal "$eal" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
+  '{scenario: "dpdk_tcp",
+    title: "dpdk:// (memif) vs tcp:// (loopback): bandwidth, latency, and vs raw testpmd frames",
+    path: "dpdk://: two processes on this host over a net_memif shared-memory port pair (DPDK --no-huge --no-pci, no NIC), canopy reliable stream over Ethernet/IPv4/UDP frames; tcp://127.0.0.1: kernel loopback (same-host TCP, no NIC); testpmd: the same kind of memif pair, raw frames",
+    params: {sizes: $sizes, seconds_per_bandwidth_sample: $seconds, latency_message_bytes: $lat_size,
+             seconds_per_latency_sample: $lat_seconds, reps: $reps, cpus: $cpus, cores: $cores, eal_args: $eal,
+             dpdk_port_mtu: (if $mtu == "" then null else ($mtu | tonumber) end),
+             dpdk_mss: (if $mss == "" then null else ($mss | tonumber) end),
+             testpmd_frame_bytes: (if $frame > 0 then $frame else null end),
+             testpmd: "dpdk-testpmd --forward-mode=txonly --txpkts=<frame> (memif client) -> --forward-mode=rxonly (memif server), --stats-period 1, mean Rx-pps of the full periods",
+             order: "per rep: lat dpdk, lat tcp; per size dpdk, tcp (the largest size: tcp, dpdk, then testpmd)",
+             metric: "decimal Gbit/s: bench bw_avg_gbps (all bytes / all round time); latency: bench lat_p50_us / lat_p99_us; testpmd: Rx-pps * MSS * 8 / 1e9 (the stream bytes those frames carry for canopy)"},
+    comparisons: $comparisons,
+    sweeps: $sweeps,
+    details: {dpdk_package: $tpv,
+              testpmd_left_out: (if $tp_note == "" then null else $tp_note end),
+              runs: $runs}}' > "$BENCH_OUT"
+bench_log "wrote $BENCH_OUT"

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# bench/scenarios/join_dd.sh — node join versus dd: a 4th node joins a loaded
+# 3-node canopy cluster (RF 3, metadata raft) on 127.0.0.1 and receives the
+# trees it now owns (about 3/4 of them) as snapshots, bulk installed with the
+# default install fsync (--install-fsync finish: one fsync per tree file once
+# it is complete); next to it, `dd if=/dev/zero bs=1M conv=fsync` writes as
+# many MiB as the joiner received to the same file system (BENCH_WORK, tmpfs).
+# The cluster is loaded once (every write on
+# all 3 nodes, --cl ALL, --fsync none), stopped, and its data dirs are copied
+# afresh before each join. Join time runs from the joiner's start to its last
+# "installed snapshot" log line, accepted once `canopy status --json` shows
+# node 1 with 4 members and every tree that lists the joiner among its owners
+# at node 1's version on the joiner (bounded wait). Samples: decimal Gbit/s of
+# the joiner's data dir bytes (du -sb) over join time, dd's own bytes / its
+# seconds. A second comparison divides the same bytes by the streaming time
+# alone (first "receiving snapshot" to last "installed snapshot" line: no
+# process start, gossip or raft join). dd is the ceiling for writing those
+# bytes; the ratio says how close the join gets. Contract: bench/lib.sh.
+set -euo pipefail
+source "$BENCH_REPO/bench/lib.sh"
+
+canopy=$BENCH_BUILD/tools/canopy/canopy
+[[ -x $canopy ]] || { bench_log "$canopy not built"; exit 1; }
+reps=${BENCH_REPS:-3}
+join_mib=$(bench_pick 32 256 1024)  # about this many MiB reach the joiner
+tree_mib=$(bench_pick 4 16 16)      # each tree: tree_mib attributes of 1 MiB in its root
+join_wait=$(bench_pick 60 120 300)  # seconds a join may take before the scenario fails
+failure_ms=1500                     # every node's --failure-ms (the default)
+
+work=$BENCH_WORK/join_dd
+pids=()
+stop_nodes() { bench_kill "${pids[@]}"; pids=(); }
+cleanup() { stop_nodes; rm -rf "$work"; }
+trap cleanup EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
+mkdir -p "$work"
+fs=$(df -PT "$BENCH_WORK" | awk 'NR == 2 { print $2 " " $7 }')
+
+# Room: the loaded cluster holds 4/3 of join_mib per node (every node has
+# every tree), twice (pristine + running copy), plus the joiner's and dd's
+# bytes, plus WAL and checkpoint slack: about 12 x join_mib. Shrink if short.
+avail_mb=$(($(df -Pk "$BENCH_WORK" | awk 'NR == 2 { print $4 }') / 1024))
+if ((join_mib * 12 > avail_mb)); then
+  new_mib=$((avail_mb / 12 / tree_mib * tree_mib))
+  ((new_mib >= tree_mib * 2)) || bench_skip "no room under $BENCH_WORK (${avail_mb} MiB free) for a cluster to join"
+  bench_log "only ${avail_mb} MiB free under $BENCH_WORK: join size shrunk from $join_mib to $new_mib MiB"
+  join_mib=$new_mib
+fi
+trees=$(awk -v g="$join_mib" -v t="$tree_mib" 'BEGIN { n = g * 4 / 3 / t; print (n == int(n)) ? n : int(n) + 1 }')
+
+echo "join_dd bench secret" > "$work/secret"
+common=(--cluster joindd --secret-file "$work/secret")
+# Fixed ports: the sources restart from copies of their data dirs, which name
+# their own and their peers' addresses.
+ports=()
+while ((${#ports[@]} < 8)); do
+  p=$(bench_free_port)
+  [[ " ${ports[*]} " == *" $p "* ]] || ports+=("$p")
+done
+uris=() rafts=() peers=()
+for i in 1 2 3 4; do
+  uris[i]="tcp://127.0.0.1:${ports[i - 1]}"
+  rafts[i]="127.0.0.1:${ports[i + 3]}"
+done
+for i in 1 2 3; do peers+=(--raft-peer "$i=${rafts[i]}"); done
+
+# start_source I: node I of the loaded cluster, data under $work/src.
+start_source() {
+  local i=$1 k seeds=()
+  for k in 1 2 3; do [[ $k != "$i" ]] && seeds+=(--seed "${uris[k]}"); done
+  "$canopy" node --listen "${uris[i]}" --data "$work/src/n$i" --node-id "$i" --fsync none --failure-ms "$failure_ms" \
+    "${common[@]}" --raft "${rafts[i]}" "${peers[@]}" "${seeds[@]}" --log warn >> "$work/src/n$i.log" 2>&1 &
+  pids+=($!)
+}
+status_json() { "$canopy" status --node "$1" "${common[@]}" --json --timeout-ms 5000 2>/dev/null; }
+wait_members() {  # N SECONDS
+  local deadline=$((SECONDS + $2)) n
+  while ((SECONDS < deadline)); do
+    n=$(status_json "${uris[1]}" | jq -r '.nodes | length' 2>/dev/null) || n=0
+    [[ $n == "$1" ]] && return 0
+    sleep 0.1
+  done
+  bench_log "the cluster did not reach $1 members in $2 s"
+  return 1
+}
+
+# ---- load once: $trees trees of $tree_mib MiB, every write on all 3 nodes
+bench_log "loading $trees trees of $tree_mib MiB on 3 nodes (~$join_mib MiB will reach the joiner)"
+mkdir -p "$work/src"
+t_load=$(bench_now)
+for i in 1 2 3; do start_source "$i"; done
+wait_members 3 30
+for ((t = 1; t <= trees; t++)); do
+  for ((attempt = 1; ; attempt++)); do
+    "$canopy" bench --node "${uris[1]}" "${common[@]}" --tree "jt$t" --cl ALL --count "$tree_mib" \
+      --value-bytes 1048576 --timeout-ms 20000 > /dev/null 2> "$work/load.err" && break
+    ((attempt < 50)) || { bench_log "loading tree jt$t failed: $(tail -n 3 "$work/load.err")"; exit 1; }
+    sleep 0.2  # e.g. no raft leader yet right after the start
+  done
+done
+load_s=$(bench_elapsed "$t_load" "$(bench_now)")
+stop_nodes
+mkdir -p "$work/pristine"
+for i in 1 2 3; do mv "$work/src/n$i" "$work/pristine/n$i"; done
+bench_log "loaded in $load_s s"
+
+# log_ts LINE -> epoch seconds of a canopy log line (2024-01-02T03:04:05.678Z ...).
+log_ts() { date -d "${1%% *}" +%s.%N; }
+
+runs=$work/runs.jsonl
+: > "$runs"
+
+# join_sample REP -> "JOIN_GBPS STREAM_GBPS": the joiner's bytes over the join
+# time and over the streaming time alone; sets JOIN_BYTES for the dd that follows.
+JOIN_BYTES=0
+join_sample() {
+  local rep=$1 i t0 deadline last_check=0 s1 s4 begun done_ last end secs bytes stream_s jlog=$work/joiner.log
+  rm -rf "$work/src" "$work/joiner"
+  mkdir -p "$work/src"
+  for i in 1 2 3; do cp -a "$work/pristine/n$i" "$work/src/n$i"; done
+  for i in 1 2 3; do start_source "$i"; done
+  wait_members 3 30 || return 1
+  # Every tree's version on node 1 (all final: loaded with ALL).
+  deadline=$((SECONDS + 30))
+  until status_json "${uris[1]}" > "$work/before.json" && [[ $(jq '.trees | length' "$work/before.json") == "$trees" ]]; do
+    ((SECONDS < deadline)) || { bench_log "node 1 does not list the $trees trees after a restart"; return 1; }
+    sleep 0.1
+  done
+  sync
+  t0=$(bench_now)
+  "$canopy" node --listen "${uris[4]}" --data "$work/joiner" --node-id 4 --raft "${rafts[4]}" \
+    --failure-ms "$failure_ms" "${common[@]}" --seed "${uris[1]}" --seed "${uris[2]}" --seed "${uris[3]}" \
+    --log info > "$jlog" 2>&1 &
+  pids+=($!)
+  # STATUS is not cheap (each node hashes its trees for the digest): ask only
+  # once the joiner's log shows every snapshot it began installed, and at
+  # most every 0.5 s.
+  deadline=$((SECONDS + join_wait))
+  end=""
+  while [[ -z $end ]]; do
+    ((SECONDS < deadline)) || { bench_log "the joiner did not catch up within $join_wait s; its log: $(tail -n 10 "$jlog")"; return 1; }
+    sleep 0.05
+    begun=$(grep -o 'receiving snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
+    done_=$(grep -o 'installed snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
+    [[ -n $begun && $begun == "$done_" ]] || continue
+    (($(date +%s%N) / 1000000 - last_check >= 500)) || continue
+    last_check=$(($(date +%s%N) / 1000000))
+    s1=$(status_json "${uris[1]}") || continue
+    s4=$(status_json "${uris[4]}") || continue
+    jq -e -n --argjson s1 "$s1" --argjson s4 "$s4" --slurpfile before "$work/before.json" '
+      ($before[0].trees | map({key: .tree, value: .durable_version}) | from_entries) as $want
+      | ($s4.trees | map({key: .tree, value: .}) | from_entries) as $have
+      | [$s1.trees[] | select(.owners | map(tostring) | index("4")) | .tree] as $mine
+      | ($s1.nodes | length) == 4 and ($mine | length) > 0
+        and all($mine[]; $have[.] != null and $have[.].durable_version == $want[.] and $have[.].snapshots_received >= 1)' \
+      > /dev/null 2>&1 || continue
+    last=$(grep 'installed snapshot of ' "$jlog" | sort | tail -n 1)
+    end=$(log_ts "$last")
+  done
+  secs=$(bench_elapsed "$t0" "$end")
+  stream_s=$(bench_elapsed "$(log_ts "$(grep 'receiving snapshot of ' "$jlog" | sort | head -n 1)")" "$end")
+  stop_nodes
+  bytes=$(du -sb "$work/joiner" | cut -f1)
+  JOIN_BYTES=$bytes
+  jq -cn --argjson r "$rep" --argjson s "$secs" --argjson st "$stream_s" --argjson b "$bytes" \
+    --argjson n "$(jq -n --argjson s1 "$s1" '[$s1.trees[] | select(.owners | map(tostring) | index("4"))] | length')" \
+    '{label: "join", rep: $r, seconds: $s, streaming_seconds: $st, bytes: $b, trees_to_joiner: $n}' >> "$runs"
+  rm -rf "$work/joiner" "$work/src"
+  echo "$(bench_gbps "$bytes" "$secs") $(bench_gbps "$bytes" "$stream_s")"
+}
+
+# dd_sample REP MIB -> Gbit/s by dd's own report.
+dd_sample() {
+  local rep=$1 mib=$2 out bytes secs
+  out=$(LC_ALL=C dd if=/dev/zero of="$work/dd.bin" bs=1M count="$mib" conv=fsync 2>&1 | tail -n 1)
+  rm -f "$work/dd.bin"
+  bytes=$(awk '{ print $1 }' <<<"$out")
+  secs=$(awk -F', ' '{ split($(NF - 1), a, " "); print a[1] }' <<<"$out")
+  [[ $bytes =~ ^[0-9]+$ && $secs =~ ^[0-9.e+-]+$ ]] || { bench_log "cannot parse dd's report: $out"; return 1; }
+  jq -cn --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" --arg out "$out" \
+    '{label: "dd", rep: $r, seconds: $s, bytes: $b, dd: $out}' >> "$runs"
+  bench_gbps "$bytes" "$secs"
+}
+
+a=() s=() b=()
+for ((rep = 1; rep <= reps; rep++)); do
+  # Assigned first (not in $(...)) so that JOIN_BYTES survives.
+  join_sample "$rep" > "$work/sample"
+  read -r ja js < "$work/sample"
+  a+=("$ja") s+=("$js")
+  dd_mib=$(((JOIN_BYTES + 1048575) / 1048576))
+  b+=("$(dd_sample "$rep" "$dd_mib")")
+  bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB)"
+done
+
+comparisons=$(jq -s . <<EOC
+$(bench_comparison "node join vs dd conv=fsync (~$join_mib MiB to the joiner, tmpfs)" Gbit/s true \
+  "join (4th node)" "$(bench_samples "${a[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
+$(bench_comparison "snapshot streaming alone vs dd conv=fsync (~$join_mib MiB to the joiner, tmpfs)" Gbit/s true \
+  "join streaming" "$(bench_samples "${s[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
+EOC
+)
+
+jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
+  --argjson join_mib "$join_mib" --argjson tree_mib "$tree_mib" --argjson trees "$trees" --argjson reps "$reps" \
+  --argjson load_s "$load_s" --argjson failure_ms "$failure_ms" --argjson cpus "$(nproc)" --arg fs "$fs" \
+  --arg ddv "$(dd --version | head -n 1)" \
+  '{scenario: "join_dd",
+    title: "Node join (4th node receives its trees) vs dd of the same bytes",
+    path: "join: tcp://127.0.0.1 kernel loopback (no NIC) between 4 canopy nodes, snapshots written to BENCH_WORK (tmpfs); dd: /dev/zero -> a file on the same tmpfs, no network",
+    params: {join_mib_planned: $join_mib, tree_mib: $tree_mib, trees_in_cluster: $trees, reps: $reps,
+             replication: "RF 3, metadata raft on nodes 1-3, the joiner joins through its seeds",
+             sources: "3 nodes loaded once with --cl ALL and --fsync none, restarted from copies of their data dirs for every join",
+             install_fsync: "finish (the default: one fsync per tree file once complete)",
+             dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
+             failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s, order: "per rep: join, dd",
+             metric: "decimal Gbit/s: joiner data dir bytes (du -sb) * 8 / (joiner start .. its last installed snapshot log line, ms resolution) / 1e9; streaming: the same bytes over first receiving .. last installed snapshot line; dd: its bytes / its own seconds"},
+    comparisons: $comparisons,
+    details: {dd_version: $ddv, runs: $runs}}' > "$BENCH_OUT"
+bench_log "wrote $BENCH_OUT"

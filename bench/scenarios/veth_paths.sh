@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# bench/scenarios/veth_paths.sh — off loopback: two network namespaces this
+# script creates, joined by a veth pair (hw/netns-testbed.sh), so the bytes go
+# through the kernel's full TCP/IP path and a real (virtual) link instead of
+# same-host loopback. Per rep, alternating: the bench tool over tcp:// across
+# the veth versus iperf3 across the same veth (1 MiB messages, the same bytes),
+# and bench over dpdk:// (net_af_packet on the same veth interfaces, MTU 1500)
+# versus bench over tcp:// on that veth at the same message size. Decimal
+# Gbit/s, receiver side. Needs root (namespaces). Contract: bench/lib.sh.
+set -euo pipefail
+source "$BENCH_REPO/bench/lib.sh"
+
+bench=$BENCH_BUILD/tools/bench/bench
+[[ -x $bench ]] || { bench_log "$bench not built"; exit 1; }
+[[ $(id -u) -eq 0 ]] || bench_skip "needs root to create network namespaces (ip netns add)"
+command -v ip > /dev/null || bench_skip "ip (iproute2) missing"
+bench_need_peer iperf3 iperf3 || bench_skip "iperf3 missing and cannot be installed (apt-get install iperf3 needs root)"
+reps=${BENCH_REPS:-3}
+secs=$(bench_pick 0.3 1 3)
+msg=1M
+dpdk_msg=64K
+
+prefix=cbv$((RANDOM % 90000 + 10000))
+ns_a=$prefix-a ns_b=$prefix-b if_a=$prefix-va if_b=$prefix-vb
+work=$BENCH_WORK/veth_paths
+pids=()
+testbed_up=0
+cleanup() {
+  bench_kill "${pids[@]}"
+  ((testbed_up)) && bash "$BENCH_REPO/hw/netns-testbed.sh" down "$prefix" > /dev/null 2>&1
+  rm -rf "$work" /var/run/dpdk/"$prefix"-* 2>/dev/null
+  return 0
+}
+trap cleanup EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
+mkdir -p "$work"
+
+if ! bash "$BENCH_REPO/hw/netns-testbed.sh" up "$prefix" > "$work/testbed.log" 2>&1; then
+  bash "$BENCH_REPO/hw/netns-testbed.sh" down "$prefix" > /dev/null 2>&1 || true
+  bench_skip "cannot build the veth testbed here: $(tail -n 2 "$work/testbed.log" | tr '\n' ' ')"
+fi
+testbed_up=1
+ip_a=10.9.0.1
+mtu=$(ip netns exec "$ns_a" cat "/sys/class/net/$if_a/mtu")
+
+# start_in NS NAME CMD... -> runs CMD in namespace NS in the background.
+start_in() {
+  local ns=$1 name=$2; shift 2
+  ip netns exec "$ns" "$@" > "$work/$name.out" 2> "$work/$name.err" &
+  pids+=($!)
+}
+
+start_in "$ns_a" bench-tcp "$bench" --server -q --bind "$ip_a" -p 0 --port-file "$work/tcp.port"
+bench_wait_file "$work/tcp.port" 10 || { bench_log "bench server did not start: $(cat "$work/bench-tcp.err")"; exit 1; }
+tcp_port=$(cat "$work/tcp.port")
+iperf_port=5201
+start_in "$ns_a" iperf3 iperf3 -s -B "$ip_a" -p "$iperf_port"
+for ((i = 0; i < 100; i++)); do
+  ip netns exec "$ns_a" ss -Htln "sport = :$iperf_port" | grep -q . && break
+  sleep 0.05
+done
+
+# DPDK over net_af_packet on the same veth (its own addresses on that wire).
+dpdk_ok=1 dpdk_reason=""
+eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
+start_in "$ns_a" bench-dpdk "$bench" --server -q --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
+  --transport-arg "$eal --file-prefix=$prefix-s --vdev=net_af_packet0,iface=$if_a"
+if ! bench_wait_file "$work/dpdk.port" 20; then
+  dpdk_ok=0
+  dpdk_reason="dpdk:// server over net_af_packet did not start: $(tail -n 3 "$work/bench-dpdk.err" | tr '\n' ' ')"
+  bench_log "$dpdk_reason"
+fi
+
+runs=$work/runs.jsonl
+: > "$runs"
+# bench_bw NS LABEL ARGS... -> bw_avg_gbps; bytes sent land in $work/last.bytes.
+bench_bw() {
+  local ns=$1 label=$2 out; shift 2
+  out=$(ip netns exec "$ns" "$bench" --json --test bw "$@" 2>> "$work/client.err") ||
+    { bench_log "bench $label failed: $out $(tail -n 3 "$work/client.err")"; return 1; }
+  jq -e '.ok == true' <<<"$out" > /dev/null || { bench_log "bench $label failed: $out"; return 1; }
+  jq -c --arg l "$label" --argjson r "$rep" '{label: $l, rep: $r, result: .results[0]}' <<<"$out" >> "$runs"
+  jq -r '.results[0].bw_bytes' <<<"$out" > "$work/last.bytes"
+  jq -r '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out"
+}
+
+bt=() ip3=() bd=() btd=()
+for ((rep = 1; rep <= reps; rep++)); do
+  bt+=("$(bench_bw "$ns_b" "bench tcp:// -s $msg" -p "$tcp_port" -s "$msg" -t "$secs" "$ip_a")")
+  nbytes=$(cat "$work/last.bytes")
+  iout=$(ip netns exec "$ns_b" iperf3 -c "$ip_a" -p "$iperf_port" -l "$msg" -n "$nbytes" -J) ||
+    { bench_log "iperf3 failed: $(jq -r '.error // empty' <<<"$iout" 2>/dev/null)"; exit 1; }
+  ip3+=("$(jq -r '.end.sum_received.bits_per_second / 1e9 * 10000 | round / 10000' <<<"$iout")")
+  jq -c --argjson r "$rep" '{label: "iperf3 -l 1M", rep: $r, received: .end.sum_received,
+    cpu: .end.cpu_utilization_percent}' <<<"$iout" >> "$runs"
+  if ((dpdk_ok)); then
+    if d=$(bench_bw "$ns_b" "bench dpdk:// -s $dpdk_msg" --transport dpdk -p "$(cat "$work/dpdk.port")" -s "$dpdk_msg" \
+        -t "$secs" --transport-arg "$eal --file-prefix=$prefix-c$rep --vdev=net_af_packet0,iface=$if_b ip=10.9.1.2" 10.9.1.1); then
+      bd+=("$d")
+      btd+=("$(bench_bw "$ns_b" "bench tcp:// -s $dpdk_msg" -p "$tcp_port" -s "$dpdk_msg" -t "$secs" "$ip_a")")
+    else
+      dpdk_ok=0 dpdk_reason="bench over dpdk:// failed on rep $rep: $(tail -n 3 "$work/client.err" | tr '\n' ' ')"
+      bd=() btd=()
+    fi
+  fi
+  bench_log "rep $rep/$reps Gbit/s: bench tcp ${bt[-1]} / iperf3 ${ip3[-1]}${bd:+, dpdk ${bd[-1]} / tcp ${btd[-1]} at $dpdk_msg}"
+done
+
+comparisons=$(
+  bench_comparison "bench vs iperf3 over veth (netns), 1 MiB messages" Gbit/s true \
+    "bench tcp:// -s 1M" "$(bench_samples "${bt[@]}")" "iperf3 -l 1M" "$(bench_samples "${ip3[@]}")" \
+    0.9 "bench at least 0.9x iperf3"
+  if ((dpdk_ok)); then
+    bench_comparison "dpdk:// (net_af_packet) vs tcp:// over the same veth, 64 KiB messages" Gbit/s true \
+      "bench dpdk:// -s 64K" "$(bench_samples "${bd[@]}")" "bench tcp:// -s 64K" "$(bench_samples "${btd[@]}")"
+  fi
+)
+comparisons=$(jq -s -c . <<<"$comparisons")
+
+jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --argjson reps "$reps" --argjson secs "$secs" \
+  --argjson mtu "$mtu" --arg dpdk_reason "$dpdk_reason" --argjson cpus "$(nproc)" \
+  --arg iperf "$(iperf3 --version | head -n 1)" '
+  {scenario: "veth_paths",
+   title: "Off loopback: tcp:// and dpdk:// across a veth pair between two network namespaces",
+   path: "veth pair between two network namespaces created by the scenario (kernel TCP/IP on both ends, no loopback short-circuit; dpdk:// through net_af_packet on the same veth ends, frames of 1500 bytes)",
+   params: {veth_mtu_tcp: $mtu, dpdk_frame_mtu: 1500, seconds_per_sample: $secs, reps: $reps, cpus: $cpus,
+            order: "per rep: bench tcp 1M, iperf3 1M (same bytes), bench dpdk 64K, bench tcp 64K",
+            metric: "decimal Gbit/s: bench bw_avg_gbps, iperf3 end.sum_received"},
+   comparisons: $comparisons,
+   details: ({iperf3_version: $iperf, runs: $runs} + (if $dpdk_reason != "" then {dpdk_not_measured: $dpdk_reason} else {} end))}' \
+  > "$BENCH_OUT"
+bench_log "wrote $BENCH_OUT"
