@@ -98,7 +98,8 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
     params: {bytes_per_run: $bytes, reps: $reps, parallel_streams: $streams, rcopy_chunk: $chunk,
              iperf3_block: "default (128 KiB)", cpus: $cpus,
              order: "per rep: sink, iperf3, sink, iperf3 -Z, sink -P, iperf3 -P, sink -P, iperf3 -Z -P",
-             metric: "receiver-side decimal Gbit/s: rcopy --json gbit_per_s, iperf3 end.sum_received.bits_per_second"},
+             metric: "receiver-side decimal Gbit/s: rcopy --json gbit_per_s, iperf3 end.sum_received.bits_per_second",
+             copies: "rcopy --sink: the client sendfile()s from tmpfs, the server splice()s socket -> pipe -> /dev/null, so neither side copies the bytes into user memory; iperf3 writes from and reads into user buffers (-Z: sendfile on the sending side only, the receiver still copies). Compare with iperf3 -Z for the closest pairing."},
     comparisons: $comparisons,
     details: {iperf3_version: $iperf, runs: $runs}}' > "$BENCH_OUT"
 bench_log "wrote $BENCH_OUT"
