@@ -67,7 +67,7 @@ struct AttemptError {
 };
 
 // The "error_code" values, as the usage text and get.schema.json list them.
-constexpr char kUsageCode[] = "usage";          // bad command line (exit status 2)
+// ("usage", for a bad command line, is cli::UsageError's.)
 constexpr char kResolveCode[] = "resolve";      // the host name does not resolve
 constexpr char kConnectCode[] = "connect";      // connection refused or unreachable
 constexpr char kTimeoutCode[] = "timeout";      // no connection or no data within --timeout
@@ -248,8 +248,7 @@ AttemptError Attempt(const Options& opt, http::Url url, bool to_stdout, uint64_t
 }
 
 constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
+constexpr int kExitFailed = 1;  // bad usage: cli::kExitUsage (2)
 
 constexpr char kUnits[] = "decimal Gbit/s (10^9 bit/s)";
 

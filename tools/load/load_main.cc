@@ -416,7 +416,7 @@ uint64_t Percentile(const std::vector<uint64_t>& sorted, double p) {
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
+// bad usage: cli::kExitUsage (2)
 
 constexpr char kGbpsUnit[] = "decimal Gbit/s (10^9 bit/s)";
 
