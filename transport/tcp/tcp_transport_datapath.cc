@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -324,11 +325,17 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
     rx_payload_filled_ = 0;
     rx_in_payload_ = true;
   }
-  // The buffer grows with the bytes that arrive (at most doubling), never to
-  // the announced length up front: a header alone must not make us allocate
-  // (and zero) up to max_message_bytes per connection.
+  // The buffer grows with the bytes that arrive, never to the announced
+  // length up front: a header alone must not make us allocate (and zero) up
+  // to max_message_bytes per connection. It at least doubles, and jumps to
+  // cover every byte already here (buffered, or queued in the socket), so a
+  // message that has arrived whole is allocated once and never re-copied.
   while (rx_payload_filled_ < rx_header_.payload_len) {
-    size_t target = std::min<size_t>(rx_header_.payload_len, std::max<size_t>(rx_payload_filled_ * 2, 64 << 10));
+    int queued = 0;
+    if (::ioctl(gate_.fd(), FIONREAD, &queued) != 0 || queued < 0) queued = 0;
+    const size_t arrived = rx_payload_filled_ + buffered() + static_cast<size_t>(queued);
+    size_t target = std::min<size_t>(rx_header_.payload_len,
+                                     std::max<size_t>({rx_payload_filled_ * 2, size_t{64} << 10, arrived}));
     if (rx_payload_.size() < target) rx_payload_.resize(target);
     uint64_t progress = 0;
     Status s = ReadExactly(rx_payload_.data() + rx_payload_filled_, target - rx_payload_filled_, deadline, &progress);
