@@ -238,3 +238,16 @@ bench_random_file() {
   truncate -s "$bytes" "$path"
   rm -f "$path.seed"
 }
+
+# bench_split_cores -> sets server_cpu and client_cpu to the first two CPUs this
+# process may run on, for servers and clients pinned apart with taskset;
+# returns 1 (both set to the one CPU) when only one is allowed.
+bench_split_cores() {
+  local cpus
+  mapfile -t cpus < <(bench_cpus)
+  # shellcheck disable=SC2034  # read by the scenarios that source this file
+  server_cpu=${cpus[0]}
+  # shellcheck disable=SC2034
+  client_cpu=${cpus[1]:-${cpus[0]}}
+  ((${#cpus[@]} > 1))
+}

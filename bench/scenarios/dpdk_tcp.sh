@@ -26,11 +26,11 @@ seconds=$(bench_pick 1 2 3)
 lat_size=64
 lat_seconds=$(bench_pick 0.5 1 2)
 
-mapfile -t cpus < <(bench_cpus)
-server_cpu=${cpus[0]}
-client_cpu=${cpus[1]:-${cpus[0]}}
-cores_note="servers (bench --server, testpmd rxonly) on core $server_cpu, clients (bench, testpmd txonly) on core $client_cpu"
-((${#cpus[@]} > 1)) || cores_note="only one CPU: servers and clients share core $server_cpu"
+if bench_split_cores; then
+  cores_note="servers (bench --server, testpmd rxonly) on core $server_cpu, clients (bench, testpmd txonly) on core $client_cpu"
+else
+  cores_note="only one CPU: servers and clients share core $server_cpu"
+fi
 
 work=$BENCH_WORK/dpdk_tcp
 pfx=canopy-bench-$$  # EAL --file-prefix of every DPDK process started here

@@ -17,11 +17,11 @@ bench_need_peer wget wget || bench_skip "wget missing and cannot be installed (a
 reps=${BENCH_REPS:-3}
 size_mb=$(bench_pick 16 512 2048)
 
-mapfile -t cpus < <(bench_cpus)
-server_cpu=${cpus[0]}
-client_cpu=${cpus[1]:-${cpus[0]}}
-cores_note="servers on core $server_cpu, clients on core $client_cpu"
-((${#cpus[@]} > 1)) || cores_note="only one CPU: servers and clients share core $server_cpu"
+if bench_split_cores; then
+  cores_note="servers on core $server_cpu, clients on core $client_cpu"
+else
+  cores_note="only one CPU: servers and clients share core $server_cpu"
+fi
 
 work=$BENCH_WORK/http_nginx
 httpd_pid="" BENCH_NGINX_PID=""

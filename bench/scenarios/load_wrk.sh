@@ -17,11 +17,11 @@ seconds=$(bench_pick 1 3 10)
 conns=64
 threads=1
 
-mapfile -t cpus < <(bench_cpus)
-server_cpu=${cpus[0]}
-client_cpu=${cpus[1]:-${cpus[0]}}
-cores_note="nginx on core $server_cpu, clients on core $client_cpu"
-((${#cpus[@]} > 1)) || cores_note="only one CPU: nginx and clients share core $server_cpu"
+if bench_split_cores; then
+  cores_note="nginx on core $server_cpu, clients on core $client_cpu"
+else
+  cores_note="only one CPU: nginx and clients share core $server_cpu"
+fi
 
 work=$BENCH_WORK/load_wrk
 BENCH_NGINX_PID=""
