@@ -9,6 +9,7 @@
 // Each figure is measured in this run on this machine; compare the snapshot
 // GB/s with the memcpy GB/s printed beside it, not with other machines.
 #include <fcntl.h>
+#include <malloc.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +19,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -229,11 +232,130 @@ Version BuildTree(uint64_t fanout, uint64_t fanout2, size_t value_bytes) {
     std::vector<NodePtr> leaves;
     leaves.reserve(fanout2);
     for (uint64_t j = 0; j < fanout2; ++j) {
-      leaves.push_back(std::make_shared<const Node>(Node::Attributes{{"id", value}}, std::vector<NodePtr>{}));
+      leaves.push_back(Node::Make(Node::Attributes{{"id", value}}, std::vector<NodePtr>{}));
     }
-    children.push_back(std::make_shared<const Node>(Node::Attributes{{"id", value}}, std::move(leaves)));
+    children.push_back(Node::Make(Node::Attributes{{"id", value}}, std::move(leaves)));
   }
-  return Version("bench", 1, std::make_shared<const Node>(Node::Attributes{}, std::move(children)));
+  return Version("bench", 1, Node::Make(Node::Attributes{}, std::move(children)));
+}
+
+// p50 of a sample of microsecond latencies.
+double P50(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return us.empty() ? 0 : us[us.size() / 2];
+}
+
+// Commit latency against the size of the node a commit touches: a store
+// (fsync none, on `base_dir`) holds a tree whose node /0 has `n` children and
+// `n` attributes; each timed commit is one op on /0 (insert a child at 0,
+// append a child, delete child 0, put an existing attribute; every child is a
+// distinct node with an attribute of its own), through
+// Store::Commit, so WAL encoding and publication are included.
+nlohmann::json CommitScalingRun(const std::string& base_dir, uint64_t n, int commits) {
+  std::string dir = JoinPath(base_dir, "tree_bench." + std::to_string(::getpid()) + ".scaling");
+  (void)RemoveTree(dir);
+  StoreOptions o;
+  o.fsync = FsyncPolicy::kNone;
+  o.checkpoint_every_commits = 0;
+  nlohmann::json out = {{"children", n}, {"attributes", n}, {"commits_per_op", commits}};
+  {
+    auto store_r = Store::Open(dir, o);
+    if (!store_r.ok()) Die("open " + dir, store_r.status());
+    Store& store = **store_r;
+    if (Status s = store.CreateTree("scaling"); !s.ok()) Die("create tree", s);
+    // Build /0 with n children and n attributes in batches of commits (a
+    // realistic history, and it keeps each WAL record small).
+    {
+      Transaction txn = *store.Begin("scaling");
+      (void)txn.AppendChild({});
+      if (auto r = store.Commit(std::move(txn)); !r.ok()) Die("commit", r.status());
+    }
+    char key[32];
+    for (uint64_t done = 0; done < n;) {
+      Transaction txn = *store.Begin("scaling");
+      uint64_t batch = std::min<uint64_t>(n - done, 50000);
+      for (uint64_t i = 0; i < batch; ++i) {
+        // Every child is a node of its own (one attribute), as a board's posts are.
+        std::snprintf(key, sizeof key, "k%09llu", static_cast<unsigned long long>(done + i));
+        NodePath child = *txn.AppendChild({0});
+        (void)txn.PutAttribute(child, "id", key);
+        (void)txn.PutAttribute({0}, key, "v");
+      }
+      done += batch;
+      if (auto r = store.Commit(std::move(txn)); !r.ok()) Die("commit", r.status());
+    }
+    auto timed = [&](const char* name, auto&& edit) {
+      std::vector<double> us;
+      us.reserve(static_cast<size_t>(commits));
+      for (int i = 0; i < commits; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        Transaction txn = *store.Begin("scaling");
+        if (Status s = edit(txn, i); !s.ok()) Die(name, s);
+        if (auto r = store.Commit(std::move(txn)); !r.ok()) Die(name, r.status());
+        us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      out[std::string(name) + "_p50_us"] = P50(us);
+    };
+    timed("insert_at_0", [](Transaction& t, int) { return t.InsertChild({0}, 0); });
+    timed("append", [](Transaction& t, int) { return t.AppendChild({0}).status(); });
+    timed("delete_at_0", [](Transaction& t, int) { return t.DeleteChild({0}, 0); });
+    timed("put_attribute", [&](Transaction& t, int i) {
+      std::snprintf(key, sizeof key, "k%09llu", static_cast<unsigned long long>((uint64_t(i) * 7919) % n));
+      return t.PutAttribute({0}, key, "w" + std::to_string(i));
+    });
+  }
+  (void)RemoveTree(dir);
+  return out;
+}
+
+// Memory per node of a tree without attributes, built as a replica builds
+// it: by applying a delta of AppendChild ops (`fanout` children of the root,
+// each with `fanout2` children). The ops exist before the first RSS reading
+// and until after the second, so only the tree is measured. The tree is left
+// in *keep so that what is measured next starts from a heap with no freed
+// memory to reuse.
+nlohmann::json MemoryNoAttributes(uint64_t fanout, uint64_t fanout2, Version* keep) {
+  std::vector<Op> ops;
+  ops.reserve(fanout * (fanout2 + 1));
+  for (uint64_t i = 0; i < fanout; ++i) {
+    ops.push_back(Op::AppendChild({}));
+    for (uint64_t j = 0; j < fanout2; ++j) ops.push_back(Op::AppendChild({i}));
+  }
+  ::malloc_trim(0);
+  uint64_t before = RssBytes();
+  auto root = ApplyOps(Node::Empty(), ops);
+  if (!root.ok()) Die("apply", root.status());
+  uint64_t after = RssBytes();
+  Version v("bench", 1, *root);
+  uint64_t nodes = CountNodes(v.root());
+  *keep = v;
+  return {{"nodes", nodes},
+          {"shape", std::to_string(fanout) + " x " + std::to_string(fanout2)},
+          {"rss_delta_bytes", after - before},
+          {"bytes_per_node", static_cast<double>(after - before) / static_cast<double>(nodes)}};
+}
+
+// The same tree as a plain mutable pointer tree (no versions, no sharing):
+// the peer for the memory figure.
+nlohmann::json MemoryPlainTree(uint64_t fanout, uint64_t fanout2) {
+  struct PlainNode {
+    std::vector<std::pair<std::string, std::string>> attributes;
+    std::vector<std::unique_ptr<PlainNode>> children;
+  };
+  ::malloc_trim(0);
+  uint64_t before = RssBytes();
+  auto root = std::make_unique<PlainNode>();
+  for (uint64_t i = 0; i < fanout; ++i) {
+    root->children.push_back(std::make_unique<PlainNode>());
+    for (uint64_t j = 0; j < fanout2; ++j) root->children.back()->children.push_back(std::make_unique<PlainNode>());
+  }
+  uint64_t after = RssBytes();
+  uint64_t nodes = 1 + fanout + fanout * fanout2;
+  static std::unique_ptr<PlainNode> keep;  // kept to the end, as the canopy tree is
+  keep = std::move(root);
+  return {{"nodes", nodes},
+          {"rss_delta_bytes", after - before},
+          {"bytes_per_node", static_cast<double>(after - before) / static_cast<double>(nodes)}};
 }
 
 }  // namespace
@@ -253,7 +375,11 @@ int main(int argc, char** argv) {
       "value-bytes", po::value(&value_bytes)->default_value(1024), "attribute bytes per snapshot-tree node")(
       "chunk-bytes", po::value(&chunk_bytes)->default_value(kDefaultSnapshotChunkBytes),
       "snapshot chunk size")("codec-only", "measure memory and the snapshot codec only (no install, no commits)")(
-      "json", "print one JSON object instead of text");
+      "json", "print one JSON object instead of text")(
+      "commit-scaling", "measure commit latency against node size, and memory per node without attributes, only")(
+      "scaling-sizes", po::value<std::string>()->default_value("100,10000,1000000"),
+      "children (and attributes) of the touched node, comma-separated, with --commit-scaling")(
+      "scaling-commits", po::value<int>()->default_value(200), "timed commits per op and size, with --commit-scaling");
   po::variables_map vm;
   try {
     po::store(po::parse_command_line(argc, argv, desc), vm);
@@ -277,6 +403,39 @@ int main(int argc, char** argv) {
   const bool codec_only = vm.count("codec-only") > 0;
   nlohmann::json out;
   out["dir"] = dir;
+
+  if (vm.count("commit-scaling")) {
+    const int commits = vm["scaling-commits"].as<int>();
+    if (commits < 1) {
+      std::fprintf(stderr, "tree_bench: --scaling-commits must be positive\n");
+      return 2;
+    }
+    std::vector<uint64_t> sizes;
+    std::string list = vm["scaling-sizes"].as<std::string>();
+    for (size_t pos = 0; pos <= list.size();) {
+      size_t comma = list.find(',', pos);
+      if (comma == std::string::npos) comma = list.size();
+      try {
+        sizes.push_back(std::stoull(list.substr(pos, comma - pos)));
+      } catch (const std::exception&) {
+        std::fprintf(stderr, "tree_bench: --scaling-sizes: '%s' is not a list of numbers\n", list.c_str());
+        return 2;
+      }
+      if (sizes.back() < 1) {
+        std::fprintf(stderr, "tree_bench: --scaling-sizes: sizes must be positive\n");
+        return 2;
+      }
+      pos = comma + 1;
+    }
+    uint64_t fan2 = memory_nodes / 1000 > 0 ? memory_nodes / 1000 - 1 : 1;
+    Version kept;
+    out["memory_no_attributes"] = MemoryNoAttributes(1000, fan2, &kept);
+    out["memory_plain_tree"] = MemoryPlainTree(1000, fan2);
+    out["scaling"] = nlohmann::json::array();
+    for (uint64_t n : sizes) out["scaling"].push_back(CommitScalingRun(dir, n, commits));
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
 
   // Memory per node: RSS growth while building a tree of memory_nodes nodes
   // (8-byte attribute each), divided by the node count.

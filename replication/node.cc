@@ -1164,7 +1164,7 @@ struct Node::Impl {
       reply.status = StatusReplyFields::From(n.status());
       return reply;
     }
-    for (const auto& a : (*n)->attributes()) reply.attributes[a.key] = a.value;
+    (*n)->ForEachAttribute([&](tree::AttributeView a) { reply.attributes[std::string(a.key)] = std::string(a.value); });
     reply.child_count = static_cast<uint32_t>((*n)->child_count());
     return reply;
   }

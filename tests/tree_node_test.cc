@@ -136,7 +136,7 @@ TEST(TreeNode, VeryDeepTreesDoNotOverflowTheStack) {
   // and destroying it must all be iterative.
   NodePtr chain = Node::Empty();
   for (int i = 0; i < 300000; ++i)
-    chain = std::make_shared<const Node>(Node::Attributes{}, std::vector<NodePtr>{chain});
+    chain = Node::Make(Node::Attributes{}, std::vector<NodePtr>{chain});
   EXPECT_EQ(CountNodes(chain), 300001u);
   EXPECT_TRUE(TreesEqual(chain, chain));
   Version v("deep", 1, chain);

@@ -1,6 +1,8 @@
 #include "tree/node.h"
 
 #include <algorithm>
+#include <cstring>
+#include <new>
 #include <utility>
 
 #include "tree/node_impl.h"
@@ -19,35 +21,94 @@ std::string NodePathToString(const NodePath& path) {
   return out;
 }
 
-Node::Node(Attributes attributes, std::vector<NodePtr> children)
-    : attributes_(std::move(attributes)), children_(std::move(children)) {}
+// ---------------------------------------------------------------- attributes
 
-Node::~Node() {
-  // Tear down uniquely owned descendants with an explicit stack so that a
-  // deep chain does not recurse once per level.
-  if (children_.empty()) return;
-  std::vector<NodePtr> pending = std::move(children_);
-  while (!pending.empty()) {
-    NodePtr n = std::move(pending.back());
-    pending.pop_back();
-    if (n && n.use_count() == 1) {
-      auto& kids = NodeBuilderAccess::children(*n);
-      for (auto& k : kids) pending.push_back(std::move(k));
-      kids.clear();
-    }
-  }
+AttributePtr AttributeBlob::Make(std::string_view key, std::string_view value) {
+  void* mem = ::operator new(sizeof(AttributeBlob) + key.size() + value.size());
+  auto* b = new (mem) AttributeBlob(static_cast<uint32_t>(key.size()), value.size());
+  char* data = reinterpret_cast<char*>(b + 1);
+  if (!key.empty()) std::memcpy(data, key.data(), key.size());
+  if (!value.empty()) std::memcpy(data + key.size(), value.data(), value.size());
+  return AttributePtr::Adopt(b);
 }
 
-NodePtr Node::Empty() {
-  static const NodePtr empty = std::make_shared<const Node>();
-  return empty;
+void RefAdd(const AttributeBlob* b) noexcept { b->refs_.fetch_add(1, std::memory_order_relaxed); }
+
+void RefRelease(const AttributeBlob* b) noexcept {
+  if (b->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  b->~AttributeBlob();
+  ::operator delete(const_cast<AttributeBlob*>(b));
+}
+
+// ---------------------------------------------------------------- nodes
+
+void RefAdd(const Node* n) noexcept { n->refs_.fetch_add(1, std::memory_order_relaxed); }
+
+namespace {
+// Set while this thread tears nodes down: releases found meanwhile are queued
+// here instead of recursing, so freeing a deep chain uses a flat work list.
+thread_local std::vector<const Node*>* teardown_queue = nullptr;
+}  // namespace
+
+void RefRelease(const Node* n) noexcept {
+  if (n->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (teardown_queue != nullptr) {
+    teardown_queue->push_back(n);
+    return;
+  }
+  std::vector<const Node*> queue{n};
+  teardown_queue = &queue;
+  while (!queue.empty()) {
+    const Node* x = queue.back();
+    queue.pop_back();
+    delete x;  // releases its sequences, which queue children that reach zero
+  }
+  teardown_queue = nullptr;
+}
+
+NodePtr NodeBuilderAccess::New() { return NodePtr::Adopt(new Node()); }
+
+Node& NodeBuilderAccess::Unique(NodePtr* slot) {
+  if (!IsUnique(*slot)) *slot = NodePtr::Adopt(new Node(**slot));
+  return const_cast<Node&>(**slot);
+}
+
+const NodePtr& Node::Empty() {
+  // Never freed: every reference to it is counted, but the last is never dropped.
+  static const NodePtr* empty = new NodePtr(NodePtr::Adopt(new Node()));
+  return *empty;
+}
+
+NodePtr Node::Make(const Attributes& attributes, std::vector<NodePtr> children) {
+  std::vector<AttributePtr> blobs;
+  blobs.reserve(attributes.size());
+  for (const Attribute& a : attributes) blobs.push_back(AttributeBlob::Make(a.key, a.value));
+  return Make(std::move(blobs), std::move(children));
+}
+
+NodePtr Node::Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> children) {
+  if (attributes.empty() && children.empty()) return Empty();
+  NodePtr p = NodeBuilderAccess::New();
+  Node& n = const_cast<Node&>(*p);
+  n.attributes_ = PersistentVector<AttributePtr>::FromVector(std::move(attributes));
+  n.children_ = PersistentVector<NodePtr>::FromVector(std::move(children));
+  return p;
 }
 
 std::optional<std::string_view> Node::attribute(std::string_view key) const {
-  auto it = std::lower_bound(attributes_.begin(), attributes_.end(), key,
-                             [](const Attribute& a, std::string_view k) { return a.key < k; });
-  if (it == attributes_.end() || it->key != key) return std::nullopt;
-  return std::string_view(it->value);
+  size_t i = attributes_.PartitionPoint([key](const AttributePtr& b) { return b->key() < key; });
+  if (i == attributes_.size()) return std::nullopt;
+  const AttributeBlob& b = *attributes_[i];
+  if (b.key() != key) return std::nullopt;
+  return b.value();
+}
+
+size_t Node::OwnBytes() const {
+  size_t bytes = sizeof(Node) + children_.ChunkBytes() + attributes_.ChunkBytes();
+  attributes_.ForEach([&](const AttributePtr& b) {
+    bytes += sizeof(AttributeBlob) + b->key().size() + b->value().size();
+  });
+  return bytes;
 }
 
 Result<NodePtr> FindNode(const NodePtr& root, const NodePath& path) {
@@ -71,10 +132,34 @@ uint64_t CountNodes(const NodePtr& root) {
     const Node* n = stack.back();
     stack.pop_back();
     ++count;
-    for (const auto& c : n->children()) stack.push_back(c.get());
+    n->ForEachChild([&](const NodePtr& c) { stack.push_back(c.get()); });
   }
   return count;
 }
+
+namespace {
+bool SameAttributes(const Node& x, const Node& y) {
+  size_t n = x.attribute_count();
+  if (n != y.attribute_count()) return false;
+  if (n == 0) return true;
+  // Walk both leaf by leaf.
+  const auto& xa = x.attribute_vector();
+  const auto& ya = y.attribute_vector();
+  for (size_t i = 0; i < n;) {
+    auto xs = xa.SpanAt(i);
+    auto ys = ya.SpanAt(i);
+    size_t xo = i - xs.first, yo = i - ys.first;
+    size_t run = std::min(xs.count - xo, ys.count - yo);
+    for (size_t k = 0; k < run; ++k) {
+      const AttributeBlob* a = xs.items[xo + k].get();
+      const AttributeBlob* b = ys.items[yo + k].get();
+      if (a != b && (a->key() != b->key() || a->value() != b->value())) return false;
+    }
+    i += run;
+  }
+  return true;
+}
+}  // namespace
 
 bool TreesEqual(const NodePtr& a, const NodePtr& b) {
   std::vector<std::pair<const Node*, const Node*>> stack{{a.get(), b.get()}};
@@ -82,8 +167,18 @@ bool TreesEqual(const NodePtr& a, const NodePtr& b) {
     auto [x, y] = stack.back();
     stack.pop_back();
     if (x == y) continue;  // shared subtree
-    if (x->attributes() != y->attributes() || x->child_count() != y->child_count()) return false;
-    for (size_t i = 0; i < x->child_count(); ++i) stack.emplace_back(x->child(i).get(), y->child(i).get());
+    if (x->child_count() != y->child_count() || !SameAttributes(*x, *y)) return false;
+    size_t n = x->child_count();
+    const auto& xc = x->child_vector();
+    const auto& yc = y->child_vector();
+    for (size_t i = 0; i < n;) {
+      auto xs = xc.SpanAt(i);
+      auto ys = yc.SpanAt(i);
+      size_t xo = i - xs.first, yo = i - ys.first;
+      size_t run = std::min(xs.count - xo, ys.count - yo);
+      for (size_t k = 0; k < run; ++k) stack.emplace_back(xs.items[xo + k].get(), ys.items[yo + k].get());
+      i += run;
+    }
   }
   return true;
 }

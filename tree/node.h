@@ -1,32 +1,44 @@
 // Immutable tree nodes and paths.
 //
-// A Node has an ordered list of children and an attribute map (string key ->
-// bytes value, keys unique and kept sorted). Nodes are immutable once
-// published and shared between versions through NodePtr
-// (std::shared_ptr<const Node>): a commit copies only the nodes on the paths
-// it changes (path copying) and shares every other subtree with the version
-// it was based on.
+// A Node has an ordered sequence of children and an attribute map (string key
+// -> bytes value, keys unique and kept sorted). Nodes are immutable once
+// published and shared between versions through NodePtr, an 8-byte intrusive
+// reference-counted handle.
+//
+// Representation (what a node costs):
+// - a Node is 24 bytes: its reference count, a PersistentVector of children
+//   and a PersistentVector of attributes (tree/persistent_vector.h: 32-way
+//   chunked, O(log32 n) edits with structural sharing);
+// - an attribute is one immutable heap blob holding key and value, shared by
+//   reference between every version (and every copy of a node) that has it;
+// - every childless node without attributes is the one shared Node::Empty().
+// A commit therefore copies, for each node on the path it edits, one Node and
+// the O(log n) chunks of its child or attribute sequence that lead to the
+// edit: its cost does not grow with the number of children or attributes, and
+// a retained old version costs only what later commits changed.
 //
 // A NodePath addresses a node by child indexes from the root: {} is the root,
 // {2} the root's third child, {2, 0} that child's first child.
 //
-// Deep trees are safe: destroying a chain of any depth does not recurse
-// (~Node tears down uniquely owned descendants iteratively), and every walk in
-// canopy::tree uses an explicit stack.
+// Deep trees are safe: releasing the last reference to a chain of any depth
+// does not recurse once per level (nodes are torn down from a work list), and
+// every walk in canopy::tree uses an explicit stack.
 //
 // Thread safety: a Node is immutable and may be read from any number of
 // threads; NodePtr copies follow std::shared_ptr rules.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/result.h"
+#include "tree/persistent_vector.h"
+#include "tree/ref_ptr.h"
 
 namespace canopy::tree {
 
@@ -35,44 +47,136 @@ using NodePath = std::vector<uint64_t>;
 // "/" for the root, else "/2/0".
 std::string NodePathToString(const NodePath& path);
 
+// An attribute by value (for building nodes).
 struct Attribute {
   std::string key;
   std::string value;
   bool operator==(const Attribute&) const = default;
 };
 
+// An attribute as stored: views into an immutable blob that lives as long as
+// any node (of any version) holding it.
+struct AttributeView {
+  std::string_view key;
+  std::string_view value;
+  bool operator==(const AttributeView&) const = default;
+};
+
+// One stored attribute: a reference count, the two lengths, then key and
+// value bytes in the same allocation. Private to canopy::tree's node code;
+// public only so that NodePtr-holding containers can name it.
+class AttributeBlob {
+ public:
+  static RefPtr<const AttributeBlob> Make(std::string_view key, std::string_view value);
+  std::string_view key() const { return {data(), key_len_}; }
+  std::string_view value() const { return {data() + key_len_, value_len_}; }
+
+ private:
+  AttributeBlob(uint32_t key_len, uint64_t value_len) : key_len_(key_len), value_len_(value_len) {}
+  const char* data() const { return reinterpret_cast<const char*>(this + 1); }
+  friend void RefAdd(const AttributeBlob* b) noexcept;
+  friend void RefRelease(const AttributeBlob* b) noexcept;
+  mutable std::atomic<uint32_t> refs_{1};
+  uint32_t key_len_;
+  uint64_t value_len_;
+};
+using AttributePtr = RefPtr<const AttributeBlob>;
+
 class Node;
-using NodePtr = std::shared_ptr<const Node>;
+using NodePtr = RefPtr<const Node>;
+
+void RefAdd(const Node* n) noexcept;
+void RefRelease(const Node* n) noexcept;
 
 class Node {
  public:
-  // Attributes sorted by key, keys unique.
+  // For building nodes: attributes sorted by key, keys unique.
   using Attributes = std::vector<Attribute>;
 
-  // A node with no attributes and no children.
-  Node() = default;
   // REQUIRES: `attributes` sorted by key with unique keys; no null children.
-  Node(Attributes attributes, std::vector<NodePtr> children);
-  ~Node();
-  Node(const Node&) = default;
-  Node& operator=(const Node&) = delete;
+  static NodePtr Make(const Attributes& attributes, std::vector<NodePtr> children);
+  // From stored attributes (sorted, unique keys) and children, built in O(n).
+  static NodePtr Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> children);
+  // The shared empty node (a fresh tree's root, every new child).
+  static const NodePtr& Empty();
 
-  // The shared empty node (a fresh tree's root).
-  static NodePtr Empty();
+  size_t child_count() const { return children_.size(); }
+  // REQUIRES: i < child_count(). O(log32 n).
+  const NodePtr& child(size_t i) const { return children_[i]; }
+  // Calls f(const NodePtr&) for every child in order; O(children).
+  template <typename F>
+  void ForEachChild(F&& f) const {
+    children_.ForEach(f);
+  }
 
-  const Attributes& attributes() const { return attributes_; }
+  size_t attribute_count() const { return attributes_.size(); }
+  // REQUIRES: i < attribute_count(). Attributes are in key order. O(log32 n).
+  AttributeView attribute_at(size_t i) const {
+    const AttributeBlob& b = *attributes_[i];
+    return {b.key(), b.value()};
+  }
   // The value for `key`, or nullopt. The view lives as long as this node.
   std::optional<std::string_view> attribute(std::string_view key) const;
-  const std::vector<NodePtr>& children() const { return children_; }
-  size_t child_count() const { return children_.size(); }
-  // REQUIRES: i < child_count().
-  const NodePtr& child(size_t i) const { return children_[i]; }
+  // Calls f(AttributeView) for every attribute in key order.
+  template <typename F>
+  void ForEachAttribute(F&& f) const {
+    attributes_.ForEach([&](const AttributePtr& b) { f(AttributeView{b->key(), b->value()}); });
+  }
+  // All attributes as a random-access view (index-based; for small maps and tests).
+  class AttributeList;
+  AttributeList attributes() const;
+
+  // The children and attributes sequences (tree internals: codecs, edits).
+  const PersistentVector<NodePtr>& child_vector() const { return children_; }
+  const PersistentVector<AttributePtr>& attribute_vector() const { return attributes_; }
+
+  // Bytes this node's own storage takes: the Node, its sequences' chunks
+  // and its attribute blobs, counting shared ones too (not its children).
+  size_t OwnBytes() const;
 
  private:
-  friend class NodeBuilderAccess;  // lets tree internals edit nodes not yet published
-  Attributes attributes_;
-  std::vector<NodePtr> children_;
+  friend class NodeBuilderAccess;  // tree internals edit nodes not yet published
+  friend void RefAdd(const Node* n) noexcept;
+  friend void RefRelease(const Node* n) noexcept;
+  Node() = default;
+  Node(const Node& o) : children_(o.children_), attributes_(o.attributes_) {}
+  Node& operator=(const Node&) = delete;
+  ~Node() = default;
+
+  mutable std::atomic<uint64_t> refs_{1};
+  PersistentVector<NodePtr> children_;
+  PersistentVector<AttributePtr> attributes_;
 };
+
+class Node::AttributeList {
+ public:
+  explicit AttributeList(const Node* n) : n_(n) {}
+  size_t size() const { return n_->attribute_count(); }
+  bool empty() const { return size() == 0; }
+  AttributeView operator[](size_t i) const { return n_->attribute_at(i); }
+  class iterator {
+   public:
+    iterator(const Node* n, size_t i) : n_(n), i_(i) {}
+    AttributeView operator*() const { return n_->attribute_at(i_); }
+    iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return i_ != o.i_; }
+    bool operator==(const iterator& o) const { return i_ == o.i_; }
+
+   private:
+    const Node* n_;
+    size_t i_;
+  };
+  iterator begin() const { return {n_, 0}; }
+  iterator end() const { return {n_, size()}; }
+
+ private:
+  const Node* n_;
+};
+
+inline Node::AttributeList Node::attributes() const { return AttributeList(this); }
 
 // The node at `path` under `root`, or NotFound naming the first index that is
 // out of range.

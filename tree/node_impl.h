@@ -1,9 +1,9 @@
 // Private to canopy::tree: in-place editing of nodes that are not yet shared.
 //
 // A node may be edited in place only while the caller holds the one and only
-// reference to it (use_count() == 1) and reached it from a root it alone
-// owns: nobody else can then observe the change. Path copying (see
-// edit.cc) makes that so before it edits.
+// reference to it (reference count 1) and reached it from a root it alone
+// owns: nobody else can then observe the change. Path copying (ApplyOpInPlace
+// in delta.cc) makes that so before it edits.
 #pragma once
 
 #include "base/status.h"
@@ -14,8 +14,15 @@ namespace canopy::tree {
 
 class NodeBuilderAccess {
  public:
-  static Node::Attributes& attributes(const Node& n) { return const_cast<Node&>(n).attributes_; }
-  static std::vector<NodePtr>& children(const Node& n) { return const_cast<Node&>(n).children_; }
+  // A new node with no children and no attributes, not yet shared.
+  static NodePtr New();
+  // Makes *slot a node that the caller alone holds (copying it if shared:
+  // O(1), the copy shares both sequences) and returns it for editing.
+  static Node& Unique(NodePtr* slot);
+  static PersistentVector<NodePtr>& children(Node& n) { return n.children_; }
+  static PersistentVector<AttributePtr>& attributes(Node& n) { return n.attributes_; }
+  // True if the caller's reference is the only one.
+  static bool IsUnique(const NodePtr& p) { return p->refs_.load(std::memory_order_acquire) == 1; }
 };
 
 // Applies one op to *root (path copying; nodes uniquely owned through *root

@@ -17,11 +17,11 @@ constexpr uint8_t kChunkNodes = 2;
 constexpr uint8_t kChunkEnd = 3;
 
 void AppendRecord(std::string* out, const Node& n) {
-  PutVarint64(out, n.attributes().size());
-  for (const Attribute& a : n.attributes()) {
+  PutVarint64(out, n.attribute_count());
+  n.ForEachAttribute([out](AttributeView a) {
     PutLengthPrefixed(out, a.key);
     PutLengthPrefixed(out, a.value);
-  }
+  });
   PutVarint64(out, n.child_count());
 }
 
@@ -42,7 +42,10 @@ class BodyWalker {
       if (stack_.empty()) return false;
       Frame& top = stack_.back();
       if (top.next < top.node->child_count()) {
-        const Node* child = top.node->child(top.next++).get();
+        // Children come a leaf of the child sequence at a time.
+        if (top.next >= top.span.first + top.span.count) top.span = top.node->child_vector().SpanAt(top.next);
+        const Node* child = top.span.items[top.next - top.span.first].get();
+        ++top.next;
         Emit(out, child);
       } else {
         stack_.pop_back();
@@ -57,11 +60,12 @@ class BodyWalker {
   struct Frame {
     const Node* node;
     size_t next;
+    PersistentVector<NodePtr>::Span span;  // the leaf holding child `next`, once fetched
   };
   void Emit(std::string* out, const Node* n) {
     AppendRecord(out, *n);
     ++nodes_;
-    if (n->child_count() > 0) stack_.push_back(Frame{n, 0});
+    if (n->child_count() > 0) stack_.push_back(Frame{n, 0, {nullptr, 0, 0}});
   }
   const Node* root_;
   std::vector<Frame> stack_;
@@ -245,7 +249,7 @@ Parse ParseBytes(Cursor* c, std::string_view* out) {
 }
 
 struct Record {
-  Node::Attributes attributes;
+  std::vector<AttributePtr> attributes;
   uint64_t child_count = 0;
 };
 
@@ -267,7 +271,7 @@ Parse ParseRecord(std::string_view in, Record* rec, size_t* consumed, std::strin
       return Parse::kBad;
     }
     prev_key = key;
-    rec->attributes.push_back(Attribute{std::string(key), std::string(value)});
+    rec->attributes.push_back(AttributeBlob::Make(key, value));
   }
   if ((r = ParseVarint(&c, &rec->child_count)) != Parse::kOk) return r;
   *consumed = static_cast<size_t>(c.p - in.data());
@@ -278,7 +282,7 @@ Parse ParseRecord(std::string_view in, Record* rec, size_t* consumed, std::strin
 
 struct SnapshotReader::Impl {
   struct Frame {
-    Node::Attributes attributes;
+    std::vector<AttributePtr> attributes;
     std::vector<NodePtr> children;
     uint64_t expected = 0;
   };
@@ -312,7 +316,7 @@ struct SnapshotReader::Impl {
       Frame& top = stack.back();
       top.children.push_back(std::move(node));
       if (top.children.size() < top.expected) return;
-      node = std::make_shared<const Node>(std::move(top.attributes), std::move(top.children));
+      node = Node::Make(std::move(top.attributes), std::move(top.children));
       stack.pop_back();
     }
   }
@@ -333,7 +337,7 @@ struct SnapshotReader::Impl {
       off += used;
       ++nodes;
       if (rec.child_count == 0) {
-        Complete(std::make_shared<const Node>(std::move(rec.attributes), std::vector<NodePtr>{}));
+        Complete(Node::Make(std::move(rec.attributes), std::vector<NodePtr>{}));
       } else {
         stack.push_back(Frame{std::move(rec.attributes), {}, rec.child_count});
       }

@@ -1,0 +1,523 @@
+// PersistentVector<T>: an immutable-by-sharing sequence with O(log n) edits.
+//
+// A counted B+tree of 32-way chunks (leaves hold up to 32 elements, inner
+// chunks up to 32 children with their subtree sizes). Copying a vector is
+// O(1): the copy shares every chunk. An edit (Set, Insert, Erase) copies only
+// the chunks on the path from the root to the element it touches, O(log32 n)
+// chunks of at most 32 entries, and shares everything else with the vector it
+// came from. A chunk referenced by this vector alone (reference count 1 along
+// the whole path) is edited in place, so a batch of edits to a vector nobody
+// else holds costs no copies at all.
+//
+// Small vectors stay small: a vector of n <= 32 elements is a single leaf
+// with room for the next power of two (or exactly n when built in bulk).
+// Appending fills leaves completely (a full leaf split by an append leaves
+// the old leaf full), so a vector built by PushBack uses ~8.5 bytes per
+// 8-byte element.
+//
+// T must be nothrow default-constructible, copyable and movable (RefPtr<U>,
+// pointers, integers).
+//
+// Thread safety: as a value type. Different vectors that share chunks may be
+// read and edited from different threads at once (reference counts are
+// atomic and a shared chunk is never written); one vector must not be edited
+// while another thread reads it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace canopy::tree {
+
+template <typename T>
+class PersistentVector {
+ public:
+  static constexpr size_t kFanout = 32;
+
+  PersistentVector() noexcept = default;
+  PersistentVector(const PersistentVector& o) noexcept : root_(o.root_) {
+    if (root_) Ref(root_);
+  }
+  PersistentVector(PersistentVector&& o) noexcept : root_(std::exchange(o.root_, nullptr)) {}
+  PersistentVector& operator=(const PersistentVector& o) noexcept {
+    PersistentVector(o).swap(*this);
+    return *this;
+  }
+  PersistentVector& operator=(PersistentVector&& o) noexcept {
+    PersistentVector(std::move(o)).swap(*this);
+    return *this;
+  }
+  ~PersistentVector() {
+    if (root_) Unref(root_);
+  }
+  void swap(PersistentVector& o) noexcept { std::swap(root_, o.root_); }
+
+  // Builds a vector from `items` in O(n), leaves packed full.
+  static PersistentVector FromVector(std::vector<T>&& items) {
+    PersistentVector v;
+    if (items.empty()) return v;
+    std::vector<Chunk*> level;
+    for (size_t i = 0; i < items.size(); i += kFanout) {
+      size_t n = std::min(kFanout, items.size() - i);
+      Chunk* leaf = AllocLeaf(n);
+      for (size_t k = 0; k < n; ++k) new (&Items(leaf)[k]) T(std::move(items[i + k]));
+      leaf->count = static_cast<uint16_t>(n);
+      leaf->total = n;
+      level.push_back(leaf);
+    }
+    uint8_t height = 0;
+    while (level.size() > 1) {
+      ++height;
+      std::vector<Chunk*> up;
+      for (size_t i = 0; i < level.size(); i += kFanout) {
+        size_t n = std::min(kFanout, level.size() - i);
+        Chunk* inner = AllocInner(n, height);
+        for (size_t k = 0; k < n; ++k) {
+          Kids(inner)[k] = level[i + k];
+          Sizes(inner)[k] = level[i + k]->total;
+          inner->total += level[i + k]->total;
+        }
+        inner->count = static_cast<uint16_t>(n);
+        up.push_back(inner);
+      }
+      level = std::move(up);
+    }
+    v.root_ = level[0];
+    return v;
+  }
+
+  size_t size() const noexcept { return root_ ? static_cast<size_t>(root_->total) : 0; }
+  bool empty() const noexcept { return root_ == nullptr; }
+
+  // REQUIRES: i < size(). O(log n).
+  const T& operator[](size_t i) const noexcept {
+    const Chunk* c = root_;
+    while (c->height > 0) {
+      const uint64_t* s = Sizes(c);
+      size_t j = 0;
+      while (i >= s[j]) i -= static_cast<size_t>(s[j++]);
+      c = Kids(c)[j];
+    }
+    return Items(c)[i];
+  }
+
+  // The leaf that holds element i: `count` elements starting at `items`,
+  // the first of which is element `first`. For sequential scans.
+  struct Span {
+    const T* items;
+    size_t first;
+    size_t count;
+  };
+  // REQUIRES: i < size().
+  Span SpanAt(size_t i) const noexcept {
+    const Chunk* c = root_;
+    size_t first = 0;
+    while (c->height > 0) {
+      const uint64_t* s = Sizes(c);
+      size_t j = 0;
+      while (i >= s[j]) {
+        i -= static_cast<size_t>(s[j]);
+        first += static_cast<size_t>(s[j++]);
+      }
+      c = Kids(c)[j];
+    }
+    return Span{Items(c), first, c->count};
+  }
+
+  // For a predicate that holds for a prefix of the vector and for nothing
+  // after it (e.g. "key < k" over elements sorted by key): the length of that
+  // prefix. One descent, a binary search per chunk: O(log n) predicate calls.
+  template <typename Pred>
+  size_t PartitionPoint(Pred&& pred) const {
+    if (!root_) return 0;
+    const Chunk* c = root_;
+    size_t base = 0;
+    while (c->height > 0) {
+      // The last child whose first element still satisfies pred (or child 0).
+      size_t lo = 1, hi = c->count;
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pred(FirstOf(Kids(c)[mid]))) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      size_t j = lo - 1;
+      for (size_t k = 0; k < j; ++k) base += static_cast<size_t>(Sizes(c)[k]);
+      c = Kids(c)[j];
+    }
+    size_t lo = 0, hi = c->count;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      if (pred(Items(c)[mid])) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return base + lo;
+  }
+
+  // Calls f(const T&) for every element in order.
+  template <typename F>
+  void ForEach(F&& f) const {
+    if (root_) ForEachIn(root_, f);
+  }
+
+  // A writable reference to element i (copying shared chunks on its path).
+  // REQUIRES: i < size().
+  T& MutableAt(size_t i) {
+    Chunk** slot = &root_;
+    for (;;) {
+      Chunk* c = Writable(slot, (*slot)->count);
+      if (c->height == 0) return Items(c)[i];
+      uint64_t* s = Sizes(c);
+      size_t j = 0;
+      while (i >= s[j]) i -= static_cast<size_t>(s[j++]);
+      slot = &Kids(c)[j];
+    }
+  }
+  void Set(size_t i, T value) { MutableAt(i) = std::move(value); }
+
+  // Inserts `value` before element i. REQUIRES: i <= size().
+  void Insert(size_t i, T value) {
+    if (!root_) {
+      root_ = AllocLeaf(1);
+      new (&Items(root_)[0]) T(std::move(value));
+      root_->count = 1;
+      root_->total = 1;
+      return;
+    }
+    Chunk* split = InsertIn(&root_, i, value);
+    if (split) {
+      Chunk* up = AllocInner(2, static_cast<uint8_t>(root_->height + 1));
+      Kids(up)[0] = root_;
+      Kids(up)[1] = split;
+      Sizes(up)[0] = root_->total;
+      Sizes(up)[1] = split->total;
+      up->count = 2;
+      up->total = root_->total + split->total;
+      root_ = up;
+    }
+  }
+  void PushBack(T value) { Insert(size(), std::move(value)); }
+
+  // Removes element i. REQUIRES: i < size().
+  void Erase(size_t i) {
+    EraseIn(&root_, i);
+    if (root_->count == 0) {
+      Unref(root_);
+      root_ = nullptr;
+      return;
+    }
+    while (root_->height > 0 && root_->count == 1) {
+      Chunk* only = Kids(root_)[0];
+      root_->count = 0;  // root_ is ours alone after EraseIn: free it without touching `only`
+      Unref(root_);
+      root_ = only;
+    }
+  }
+
+  // Bytes held by chunks reachable from this vector (shared ones included).
+  size_t ChunkBytes() const {
+    size_t bytes = 0;
+    if (root_) CountBytes(root_, &bytes);
+    return bytes;
+  }
+
+ private:
+  struct Chunk {
+    std::atomic<uint32_t> refs{1};
+    uint16_t count = 0;    // elements (leaf) or children (inner) in use
+    uint8_t height = 0;    // 0: leaf
+    uint8_t capacity = 0;  // slots allocated
+    uint64_t total = 0;    // elements in this subtree
+  };
+  static_assert(sizeof(Chunk) == 16);
+  static_assert(alignof(T) <= alignof(Chunk) || alignof(T) <= 8);
+
+  // A leaf is followed by T[capacity]; an inner chunk by uint64_t sizes[capacity]
+  // then Chunk* kids[capacity].
+  static T* Items(Chunk* c) noexcept { return reinterpret_cast<T*>(c + 1); }
+  static const T* Items(const Chunk* c) noexcept { return reinterpret_cast<const T*>(c + 1); }
+  static uint64_t* Sizes(Chunk* c) noexcept { return reinterpret_cast<uint64_t*>(c + 1); }
+  static const uint64_t* Sizes(const Chunk* c) noexcept { return reinterpret_cast<const uint64_t*>(c + 1); }
+  static Chunk** Kids(Chunk* c) noexcept { return reinterpret_cast<Chunk**>(Sizes(c) + c->capacity); }
+  static Chunk* const* Kids(const Chunk* c) noexcept {
+    return reinterpret_cast<Chunk* const*>(Sizes(c) + c->capacity);
+  }
+
+  static size_t CapacityFor(size_t n) noexcept {
+    size_t cap = 1;
+    while (cap < n) cap <<= 1;
+    return std::min(cap, kFanout);
+  }
+  static size_t LeafBytes(size_t cap) { return sizeof(Chunk) + cap * sizeof(T); }
+  static size_t InnerBytes(size_t cap) { return sizeof(Chunk) + cap * (sizeof(uint64_t) + sizeof(Chunk*)); }
+
+  static Chunk* AllocLeaf(size_t cap) {
+    Chunk* c = new (::operator new(LeafBytes(cap))) Chunk();
+    c->capacity = static_cast<uint8_t>(cap);
+    return c;
+  }
+  static Chunk* AllocInner(size_t cap, uint8_t height) {
+    Chunk* c = new (::operator new(InnerBytes(cap))) Chunk();
+    c->capacity = static_cast<uint8_t>(cap);
+    c->height = height;
+    return c;
+  }
+  static void Free(Chunk* c) noexcept {
+    c->~Chunk();
+    ::operator delete(c);
+  }
+
+  static void Ref(Chunk* c) noexcept { c->refs.fetch_add(1, std::memory_order_relaxed); }
+  static void Unref(Chunk* c) noexcept {
+    if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (c->height == 0) {
+      for (size_t k = 0; k < c->count; ++k) Items(c)[k].~T();
+    } else {
+      for (size_t k = 0; k < c->count; ++k) Unref(Kids(c)[k]);
+    }
+    Free(c);
+  }
+
+  // A copy of c (any reference count) with room for `cap` entries; the copy's
+  // entries hold their own references.
+  //
+  // Copying takes a reference on every entry, and in a large tree those
+  // entries (nodes, attribute blobs, chunks) are spread over memory: one
+  // atomic increment per cold cache line, each waiting for its miss. Fetching
+  // all the lines first lets the misses overlap, so a copy costs about one
+  // memory latency instead of 32.
+  static Chunk* Clone(const Chunk* c, size_t cap) {
+    Chunk* n;
+    if (c->height == 0) {
+      if constexpr (requires(const T& t) { t.get(); }) {
+        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Items(c)[k].get(), 1);
+      }
+      n = AllocLeaf(cap);
+      for (size_t k = 0; k < c->count; ++k) new (&Items(n)[k]) T(Items(c)[k]);
+    } else {
+      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
+      n = AllocInner(cap, c->height);
+      for (size_t k = 0; k < c->count; ++k) {
+        Sizes(n)[k] = Sizes(c)[k];
+        Kids(n)[k] = Kids(c)[k];
+        Ref(Kids(c)[k]);
+      }
+    }
+    n->count = c->count;
+    n->total = c->total;
+    return n;
+  }
+  // Moves the entries of a chunk we alone hold into a larger one and frees it.
+  static Chunk* Grow(Chunk* c, size_t cap) {
+    Chunk* n;
+    if (c->height == 0) {
+      n = AllocLeaf(cap);
+      for (size_t k = 0; k < c->count; ++k) {
+        new (&Items(n)[k]) T(std::move(Items(c)[k]));
+        Items(c)[k].~T();
+      }
+    } else {
+      n = AllocInner(cap, c->height);
+      std::copy_n(Sizes(c), c->count, Sizes(n));
+      std::copy_n(Kids(c), c->count, Kids(n));
+    }
+    n->count = c->count;
+    n->total = c->total;
+    Free(c);
+    return n;
+  }
+  // Makes *slot a chunk this vector alone holds, with room for `need` entries.
+  static Chunk* Writable(Chunk** slot, size_t need) {
+    Chunk* c = *slot;
+    if (c->refs.load(std::memory_order_acquire) == 1) {
+      if (c->capacity < need) *slot = Grow(c, CapacityFor(need));
+      return *slot;
+    }
+    Chunk* n = Clone(c, CapacityFor(std::max<size_t>(need, c->count)));
+    Unref(c);
+    *slot = n;
+    return n;
+  }
+
+  // Inserts into the subtree at *slot; returns the new right sibling if the
+  // chunk had to split (the caller links it in).
+  static Chunk* InsertIn(Chunk** slot, size_t i, T& value) {
+    if ((*slot)->height == 0) {
+      Chunk* c = *slot;
+      if (c->count < kFanout) {
+        c = Writable(slot, c->count + 1u);
+        T* it = Items(c);
+        new (&it[c->count]) T();
+        for (size_t k = c->count; k > i; --k) it[k] = std::move(it[k - 1]);
+        it[i] = std::move(value);
+        ++c->count;
+        ++c->total;
+        return nullptr;
+      }
+      c = Writable(slot, kFanout);
+      // An append keeps this leaf full and starts a new one; otherwise split in half.
+      size_t keep = (i == c->count) ? c->count : c->count / 2;
+      Chunk* right = AllocLeaf(kFanout);
+      for (size_t k = keep; k < c->count; ++k) {
+        new (&Items(right)[k - keep]) T(std::move(Items(c)[k]));
+        Items(c)[k].~T();
+      }
+      right->count = static_cast<uint16_t>(c->count - keep);
+      right->total = right->count;
+      c->count = static_cast<uint16_t>(keep);
+      c->total = keep;
+      if (i <= keep) {
+        if (i == keep && keep == kFanout) {
+          InsertIn(&right, 0, value);
+        } else {
+          InsertIn(slot, i, value);
+        }
+      } else {
+        InsertIn(&right, i - keep, value);
+      }
+      return right;
+    }
+
+    Chunk* c = Writable(slot, (*slot)->count);
+    size_t j = 0;
+    while (j + 1 < c->count && i > Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
+    Chunk* split = InsertIn(&Kids(c)[j], i, value);
+    Sizes(c)[j] = Kids(c)[j]->total;
+    ++c->total;
+    if (!split) return nullptr;
+    return LinkChild(slot, j + 1, split);
+  }
+
+  // Inserts child `kid` at position j of the inner chunk *slot (ours alone);
+  // returns a new right sibling if *slot had to split.
+  static Chunk* LinkChild(Chunk** slot, size_t j, Chunk* kid) {
+    Chunk* c = *slot;
+    if (c->count < kFanout) {
+      c = Writable(slot, c->count + 1u);
+      for (size_t k = c->count; k > j; --k) {
+        Kids(c)[k] = Kids(c)[k - 1];
+        Sizes(c)[k] = Sizes(c)[k - 1];
+      }
+      Kids(c)[j] = kid;
+      Sizes(c)[j] = kid->total;
+      ++c->count;
+      // c->total already counts the element inserted into the split child.
+      return nullptr;
+    }
+    size_t keep = (j == c->count) ? c->count : c->count / 2;
+    Chunk* right = AllocInner(kFanout, c->height);
+    for (size_t k = keep; k < c->count; ++k) {
+      Kids(right)[k - keep] = Kids(c)[k];
+      Sizes(right)[k - keep] = Sizes(c)[k];
+      right->total += Sizes(c)[k];
+    }
+    right->count = static_cast<uint16_t>(c->count - keep);
+    c->count = static_cast<uint16_t>(keep);
+    c->total -= right->total;
+    // c->total still counts kid's elements (they were part of child j-1
+    // before it split); they move with kid if kid goes to the right half.
+    if (j > keep || (j == keep && keep == kFanout)) {
+      c->total -= kid->total;
+      right->total += kid->total;
+      LinkChild(&right, j - keep, kid);
+    } else {
+      LinkChild(slot, j, kid);
+    }
+    return right;
+  }
+
+  static void EraseIn(Chunk** slot, size_t i) {
+    Chunk* c = Writable(slot, (*slot)->count);
+    if (c->height == 0) {
+      T* it = Items(c);
+      for (size_t k = i; k + 1 < c->count; ++k) it[k] = std::move(it[k + 1]);
+      it[c->count - 1].~T();
+      --c->count;
+      --c->total;
+      return;
+    }
+    size_t j = 0;
+    while (i >= Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
+    EraseIn(&Kids(c)[j], i);
+    --Sizes(c)[j];
+    --c->total;
+    Chunk* kid = Kids(c)[j];
+    if (kid->count == 0) {
+      Unref(kid);
+      RemoveChild(c, j);
+      return;
+    }
+    if (kid->count < kFanout / 4 && c->count > 1) {
+      size_t left = j > 0 ? j - 1 : j;
+      size_t right = left + 1;
+      if (size_t(Kids(c)[left]->count) + Kids(c)[right]->count <= kFanout) MergeChildren(c, left);
+    }
+  }
+
+  // Removes child j of inner chunk c (ours alone) without releasing it.
+  static void RemoveChild(Chunk* c, size_t j) {
+    for (size_t k = j; k + 1 < c->count; ++k) {
+      Kids(c)[k] = Kids(c)[k + 1];
+      Sizes(c)[k] = Sizes(c)[k + 1];
+    }
+    --c->count;
+  }
+
+  // Merges child left+1 into child left of inner chunk c (ours alone).
+  static void MergeChildren(Chunk* c, size_t left) {
+    Chunk* r = Kids(c)[left + 1];
+    Chunk* l = Writable(&Kids(c)[left], size_t(Kids(c)[left]->count) + r->count);
+    if (l->height == 0) {
+      for (size_t k = 0; k < r->count; ++k) new (&Items(l)[l->count + k]) T(Items(r)[k]);
+    } else {
+      for (size_t k = 0; k < r->count; ++k) {
+        Kids(l)[l->count + k] = Kids(r)[k];
+        Sizes(l)[l->count + k] = Sizes(r)[k];
+        Ref(Kids(r)[k]);
+      }
+    }
+    l->count = static_cast<uint16_t>(l->count + r->count);
+    l->total += r->total;
+    Sizes(c)[left] = l->total;
+    Unref(r);
+    RemoveChild(c, left + 1);
+  }
+
+  static const T& FirstOf(const Chunk* c) noexcept {
+    while (c->height > 0) c = Kids(c)[0];
+    return Items(c)[0];
+  }
+
+  template <typename F>
+  static void ForEachIn(const Chunk* c, F& f) {
+    if (c->height == 0) {
+      for (size_t k = 0; k < c->count; ++k) f(Items(c)[k]);
+      return;
+    }
+    for (size_t k = 0; k < c->count; ++k) ForEachIn(Kids(c)[k], f);
+  }
+
+  static void CountBytes(const Chunk* c, size_t* bytes) {
+    if (c->height == 0) {
+      *bytes += LeafBytes(c->capacity);
+      return;
+    }
+    *bytes += InnerBytes(c->capacity);
+    for (size_t k = 0; k < c->count; ++k) CountBytes(Kids(c)[k], bytes);
+  }
+
+  Chunk* root_ = nullptr;
+};
+
+}  // namespace canopy::tree
