@@ -145,9 +145,15 @@ TEST(ClusterReplicationTest, ReplicaBehindTruncatedWalGetsSnapshot) {
   }
   ASSERT_TRUE(c.Start(victim));
   ASSERT_TRUE(WaitForVersion(c, victim, "big", last)) << c.Log(victim);
-  auto vt = c.TreeState(victim, "big");
-  ASSERT_TRUE(vt);
-  EXPECT_GE(vt->snapshots_received, 1u) << c.Log(victim);
+  // The installed version is visible (STATUS reads the store) a moment before
+  // the replica loop counts the snapshot: wait for the counter too.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto vt = c.TreeState(victim, "big");
+        return vt && vt->snapshots_received >= 1u;
+      },
+      std::chrono::seconds(10)))
+      << c.Log(victim);
   auto lt = c.TreeState(leader, "big");
   ASSERT_TRUE(lt);
   EXPECT_GE(lt->snapshots_sent, 1u);
