@@ -626,9 +626,11 @@ struct Node::Impl {
     CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotBegin{tree_name, epoch, v.number()}));
     tree::SnapshotWriter writer(v, options.snapshot_chunk_bytes);
     uint64_t index = 0;
-    while (auto chunk = writer.Next()) {
-      SnapshotChunk c{tree_name, epoch, index++, std::move(*chunk)};
+    std::string chunk;  // one buffer for the whole stream, handed back after each send
+    while (writer.NextInto(&chunk)) {
+      SnapshotChunk c{tree_name, epoch, index++, std::move(chunk)};
       CANOPY_RETURN_IF_ERROR(SendMessage(conn, c));
+      chunk = std::move(c.data);
     }
     CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotEnd{tree_name, epoch, v.number(), index}));
     *sent = v.number();

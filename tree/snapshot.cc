@@ -75,8 +75,14 @@ class BodyWalker {
 
 struct Xxh3 {
   Xxh3() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
-  ~Xxh3() { XXH3_freeState(state); }
-  Xxh3(const Xxh3&) = delete;
+  ~Xxh3() {
+    if (state) XXH3_freeState(state);
+  }
+  Xxh3(const Xxh3& o) : state(XXH3_createState()) { XXH3_copyState(state, o.state); }
+  Xxh3& operator=(Xxh3&& o) noexcept {
+    std::swap(state, o.state);
+    return *this;
+  }
   Xxh3& operator=(const Xxh3&) = delete;
   void Update(std::string_view b) { XXH3_64bits_update(state, b.data(), b.size()); }
   uint64_t Digest() const { return XXH3_64bits_digest(state); }
@@ -119,16 +125,38 @@ struct SnapshotWriter::Impl {
   // Fills in the header of a chunk whose payload already follows a
   // kChunkHeaderBytes placeholder in *c, and appends the CRC.
   void Seal(std::string* c, uint8_t kind) {
+    WriteHeader(c, kind);
+    PutFixed32(c, crc32c::Value(*c));
+  }
+  void WriteHeader(std::string* c, uint8_t kind) {
     EncodeFixed32(c->data(), kSnapshotMagic);
     EncodeFixed32(c->data() + 4, static_cast<uint32_t>(c->size() + 4));
     (*c)[8] = static_cast<char>(kind);
     EncodeFixed64(c->data() + 9, next_sequence++);
-    PutFixed32(c, crc32c::Value(*c));
+  }
+  // Seals a NODES chunk: the body digest and the chunk CRC in one pass over
+  // the payload, a cache-sized piece at a time (two passes over a 1 MiB
+  // chunk would each stream it from memory).
+  void SealNodes(std::string* c) {
+    WriteHeader(c, kChunkNodes);
+    uint32_t crc = crc32c::Value(c->data(), kChunkHeaderBytes);
+    std::string_view payload(c->data() + kChunkHeaderBytes, c->size() - kChunkHeaderBytes);
+    constexpr size_t kPiece = 32 << 10;
+    for (size_t off = 0; off < payload.size(); off += kPiece) {
+      std::string_view piece = payload.substr(off, kPiece);
+      hash.Update(piece);
+      crc = crc32c::Extend(crc, piece.data(), piece.size());
+    }
+    body_bytes += payload.size();
+    PutFixed32(c, crc);
   }
 
   // A new chunk buffer: header placeholder, then `carry` (body bytes left over).
+  // Reuses the buffer a NextInto caller handed back, if any.
   std::string Fresh(std::string_view carry) {
-    std::string c;
+    std::string c = std::move(spare);
+    spare = std::string();
+    c.clear();
     c.reserve(kChunkOverheadBytes + std::max(max_payload, carry.size()) + 256);
     c.assign(kChunkHeaderBytes, '\0');
     c.append(carry);
@@ -140,6 +168,7 @@ struct SnapshotWriter::Impl {
   BodyWalker walker;
   Xxh3 hash;
   std::string building;  // header placeholder + body bytes of the next NODES chunk
+  std::string spare;     // a buffer to reuse (from NextInto)
   uint64_t body_bytes = 0;
   uint64_t next_sequence = 0;
   bool began = false;
@@ -178,10 +207,7 @@ std::optional<std::string> SnapshotWriter::Next() {
     }
     std::string chunk = std::move(m.building);
     m.building = std::move(next);
-    std::string_view payload(chunk.data() + kChunkHeaderBytes, chunk.size() - kChunkHeaderBytes);
-    m.hash.Update(payload);
-    m.body_bytes += payload.size();
-    m.Seal(&chunk, kChunkNodes);
+    m.SealNodes(&chunk);
     return chunk;
   }
   std::string c = m.Fresh({});
@@ -195,10 +221,20 @@ std::optional<std::string> SnapshotWriter::Next() {
   return c;
 }
 
+bool SnapshotWriter::NextInto(std::string* chunk) {
+  if (impl_->done) return false;
+  impl_->spare = std::move(*chunk);
+  auto next = Next();
+  if (!next) return false;
+  *chunk = std::move(*next);
+  return true;
+}
+
 Status WriteSnapshot(const Version& version, size_t max_chunk_bytes,
                      const std::function<Status(std::string_view chunk)>& sink) {
   SnapshotWriter writer(version, max_chunk_bytes);
-  while (auto chunk = writer.Next()) CANOPY_RETURN_IF_ERROR(sink(*chunk));
+  std::string chunk;
+  while (writer.NextInto(&chunk)) CANOPY_RETURN_IF_ERROR(sink(chunk));
   return Status::Ok();
 }
 
@@ -364,17 +400,33 @@ struct SnapshotReader::Impl {
       return Status::Corruption("snapshot chunk: length field says " + std::to_string(len) + " bytes, have " +
                                 std::to_string(chunk.size()));
     }
-    if (DecodeFixed32(chunk.data() + len - 4) != crc32c::Value(chunk.data(), len - 4)) {
+    uint8_t kind = static_cast<uint8_t>(chunk[8]);
+    // The CRC is checked before anything in the chunk is used. For NODES
+    // chunks the body digest is computed in the same pass (into a copy of the
+    // hash state, kept only if the CRC matches).
+    std::string_view payload = chunk.substr(kChunkHeaderBytes, len - kChunkOverheadBytes);
+    uint32_t crc = crc32c::Value(chunk.data(), kChunkHeaderBytes);
+    std::optional<Xxh3> body_hash;
+    if (kind == kChunkNodes && begun && !complete) {
+      body_hash.emplace(hash);
+      constexpr size_t kPiece = 32 << 10;
+      for (size_t off = 0; off < payload.size(); off += kPiece) {
+        std::string_view piece = payload.substr(off, kPiece);
+        body_hash->Update(piece);
+        crc = crc32c::Extend(crc, piece.data(), piece.size());
+      }
+    } else {
+      crc = crc32c::Extend(crc, payload.data(), payload.size());
+    }
+    if (DecodeFixed32(chunk.data() + len - 4) != crc) {
       return Status::Corruption("snapshot chunk " + std::to_string(next_sequence) + ": CRC32C mismatch");
     }
-    uint8_t kind = static_cast<uint8_t>(chunk[8]);
     uint64_t seq = DecodeFixed64(chunk.data() + 9);
     if (seq != next_sequence) {
       return Status::Corruption("snapshot chunk: sequence " + std::to_string(seq) + ", expected " +
                                 std::to_string(next_sequence));
     }
     if (complete) return Status::Corruption("snapshot chunk after END");
-    std::string_view payload = chunk.substr(kChunkHeaderBytes, len - kChunkOverheadBytes);
     ByteReader r(payload);
     switch (kind) {
       case kChunkBegin: {
@@ -389,7 +441,7 @@ struct SnapshotReader::Impl {
       }
       case kChunkNodes: {
         if (!begun) return Status::Corruption("snapshot: NODES before BEGIN");
-        hash.Update(payload);
+        hash = std::move(*body_hash);
         body_bytes += payload.size();
         CANOPY_RETURN_IF_ERROR(AddBody(payload));
         break;

@@ -69,6 +69,11 @@ class SnapshotWriter {
 
   // The next encoded chunk, or nullopt once the END chunk has been returned.
   std::optional<std::string> Next();
+  // Same, into *chunk; false (and *chunk untouched) once END was returned.
+  // Whatever *chunk held before is discarded and its buffer reused for a
+  // later chunk: a caller that hands the same string back each time streams
+  // with no allocation (and no page faults) per chunk.
+  bool NextInto(std::string* chunk);
   bool done() const;
   uint64_t chunks_emitted() const;
 
