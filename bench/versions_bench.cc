@@ -1,7 +1,8 @@
 // versions_bench: memory of retained past versions (StoreOptions::retention).
 //
 // Builds a tree of FANOUT x FANOUT2 nodes below a root through ordinary
-// commits (one commit per top-level child and its leaves), then makes EDITS
+// commits (one commit per top-level child and its leaves; every node but the
+// root carries an 8-byte attribute "id"), then makes EDITS
 // commits that each change one node (an 8-byte attribute on a random leaf)
 // with the store retaining the newest KEEP versions, and reports the growth
 // of the process's RSS over the whole run. Run it twice, with --keep 1 (the
@@ -107,8 +108,12 @@ int main(int argc, char** argv) {
       Transaction txn = *store.Begin("bench");
       auto child = txn.AppendChild({});
       if (!child.ok()) Die("build", child.status());
+      if (Status s = txn.PutAttribute(*child, "id", EditValue(i)); !s.ok()) Die("build", s);
       for (uint64_t j = 0; j < fanout2; ++j) {
-        if (auto leaf = txn.AppendChild(*child); !leaf.ok()) Die("build", leaf.status());
+        // Every node carries its own 8-byte attribute, so no two leaves are one shared empty node.
+        auto leaf = txn.AppendChild(*child);
+        if (!leaf.ok()) Die("build", leaf.status());
+        if (Status s = txn.PutAttribute(*leaf, "id", EditValue(j)); !s.ok()) Die("build", s);
       }
       if (auto r = store.Commit(std::move(txn)); !r.ok()) Die("build commit", r.status());
     }

@@ -261,12 +261,12 @@ TEST(TreeVersions, RetentionByCount) {
 TEST(TreeVersions, RetentionByTime) {
   TempDir tmp;
   StoreOptions o = Opts(1);
-  o.retention.keep_for = 400ms;
+  o.retention.keep_for = 800ms;
   {
     auto store = OpenOrDie(tmp.path(), o);
     ASSERT_TRUE(store->CreateTree("t").ok());
     CommitNumbered(*store, "t", 5);
-    // Every version superseded within the last 400 ms is held.
+    // Every version superseded within the last 800 ms is held.
     EXPECT_EQ(Window(*store, "t").oldest, 0u);
     for (uint64_t v = 0; v <= 5; ++v) ExpectNumberedAt(*store, "t", v);
     // Once they are older, the background pass (about once a second) drops them.
@@ -276,7 +276,7 @@ TEST(TreeVersions, RetentionByTime) {
     // A commit prunes too.
     CommitNumbered(*store, "t", 2);
     EXPECT_EQ(Window(*store, "t"), (RetainedVersions{5, 7}));
-    std::this_thread::sleep_for(450ms);
+    std::this_thread::sleep_for(900ms);
     CommitNumbered(*store, "t");
     EXPECT_EQ(Window(*store, "t"), (RetainedVersions{7, 8}));
   }
@@ -290,7 +290,7 @@ TEST(TreeVersions, RetentionByTime) {
     for (uint64_t v = 0; v <= 8; ++v) ExpectNumberedAt(*store, "t", v);
   }
   // ...and a short one none of them, once the segment is older than it.
-  std::this_thread::sleep_for(450ms);
+  std::this_thread::sleep_for(900ms);
   auto store = OpenOrDie(tmp.path(), o);
   EXPECT_EQ(Window(*store, "t"), (RetainedVersions{8, 8}));
 }
