@@ -1023,6 +1023,7 @@ class StoreImpl final : public Store {
   }
 
   void BackgroundLoop() {
+    SteadyTime last_prune{};
     const auto idle = options_.fsync == FsyncPolicy::kBatch
                           ? std::max(options_.batch_interval, std::chrono::milliseconds(1))
                           : std::chrono::milliseconds(1000);
@@ -1040,8 +1041,13 @@ class StoreImpl final : public Store {
         std::shared_lock lk(trees_mu_);
         for (const auto& [n, t] : trees_) all.push_back(t);
       }
-      // Versions kept by time, or by a pin since released, leave the window here too.
-      for (const auto& t : all) PruneTree(*t);
+      // Versions kept by time, or by a pin since released, leave the window
+      // here too (at most once a second: commits prune as well).
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_prune >= std::chrono::seconds(1)) {
+        last_prune = now;
+        for (const auto& t : all) PruneTree(*t);
+      }
       if (options_.fsync == FsyncPolicy::kBatch) {
         for (const auto& t : all) {
           std::unique_lock lk(t->mu);

@@ -41,9 +41,9 @@
 //     default);
 //   - a VersionPin on it or on an older version of the tree is alive.
 // The window is contiguous: oldest retained .. newest. Versions leave it from
-// the old end when a commit, a read or the background thread (about once a
-// second) finds no rule keeping them; a read past it is NotFound naming the
-// oldest and newest version held. Retained versions share every node they
+// the old end when the next commit on the tree, or the background thread
+// (about once a second), finds no rule keeping them; a read past it is
+// NotFound naming the oldest and newest version held. Retained versions share every node they
 // did not change with their neighbours (see tree/node.h), so each costs
 // about what its commit changed. The same rules apply whether a version was
 // committed here or applied from a replicated delta. A snapshot install
