@@ -3,6 +3,7 @@
 // surviving restarts, checkpoints and WAL truncation; replicas retaining the
 // deltas they apply; snapshot installs dropping the history (tree/store.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -385,6 +386,29 @@ TEST(TreeVersions, RestartRebuildsTheWindowAfterCheckpointsAndTruncation) {
   EXPECT_EQ(w.newest, 105u);
   EXPECT_LE(w.oldest, 104u);
   for (uint64_t v = w.oldest; v <= 105; ++v) ExpectNumberedAt(*store, "t", v);
+}
+
+// A damaged base checkpoint costs part of the window, never the newest data.
+TEST(TreeVersions, DamagedBaseCheckpointShrinksTheWindow) {
+  TempDir tmp;
+  StoreOptions o = Opts(30);
+  o.wal_segment_bytes = 300;
+  const std::string dir = tmp.path() + "/trees/t";
+  {
+    auto store = OpenOrDie(tmp.path(), o);
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    for (int round = 0; round < 5; ++round) {
+      CommitNumbered(*store, "t", 20);
+      ASSERT_TRUE(store->Checkpoint("t").ok());
+      ASSERT_TRUE(store->TruncateWalBefore("t", 1000).ok());
+    }
+  }
+  // The base of 71..100 is checkpoint 60; the WAL no longer reaches version 1.
+  ASSERT_EQ(::truncate((dir + "/checkpoint-00000000000000000060.snap").c_str(), 40), 0);
+  auto store = OpenOrDie(tmp.path(), o);
+  EXPECT_EQ(Window(*store, "t"), (RetainedVersions{80, 100}));  // from checkpoint 80 on
+  for (uint64_t v = 80; v <= 100; ++v) ExpectNumberedAt(*store, "t", v);
+  ExpectGone(*store, "t", 71, 80);
 }
 
 TEST(TreeVersions, AutomaticCheckpointsKeepTheWindowOnDisk) {
