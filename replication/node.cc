@@ -1150,14 +1150,13 @@ struct Node::Impl {
 
   ReadReply HandleRead(const ReadRequest& req) {
     ReadReply reply;
-    auto v = store->Latest(req.tree);
+    // Version 0 asks for the newest; any other is read from the retained
+    // window (StoreOptions::retention), else NotFound naming what is held.
+    auto v = req.version == 0 ? store->Latest(req.tree) : store->At(req.tree, req.version);
     if (!v.ok()) {
-      reply.status = StatusReplyFields::From(v.status());
-      return reply;
-    }
-    if (req.version != 0 && req.version != v->number()) {
-      reply.status = StatusReplyFields::From(Status::NotFound(fmt::format(
-          "version {} of {} is not held by node {} (it is at version {})", req.version, req.tree, node_id, v->number())));
+      Status s = v.status();
+      if (req.version != 0 && store->HasTree(req.tree)) s = s.WithContext("node " + node_id);
+      reply.status = StatusReplyFields::From(s);
       return reply;
     }
     reply.version = v->number();

@@ -248,7 +248,7 @@ struct CommitReply {
 
 struct ReadRequest {
   std::string tree;
-  uint64_t version = 0;  // 0: latest
+  uint64_t version = 0;  // 0: the newest; else a past version the node retains (NotFound if not)
   std::vector<uint32_t> path;
   bool operator==(const ReadRequest&) const = default;
 };

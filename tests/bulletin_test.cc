@@ -17,7 +17,8 @@ using nlohmann::json;
 
 class BoardCluster {
  public:
-  explicit BoardCluster(size_t nodes) : nodes_(nodes) {}
+  explicit BoardCluster(size_t nodes, std::vector<std::string> extra_args = {})
+      : nodes_(nodes), extra_args_(std::move(extra_args)) {}
 
   // Adds and starts the nodes one by one (each seeded with the ones before)
   // and reads their HTTP ports.
@@ -25,7 +26,9 @@ class BoardCluster {
     for (size_t i = 0; i < nodes_; ++i) {
       std::string port_file = cluster_.dir() + "/http" + std::to_string(i + 1) + ".port";
       port_files_.push_back(port_file);
-      cluster_.AddNode({"--http", "127.0.0.1:0", "--http-port-file", port_file});
+      std::vector<std::string> args = {"--http", "127.0.0.1:0", "--http-port-file", port_file};
+      args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+      cluster_.AddNode(args);
       if (!cluster_.Start(i)) return false;
       std::string text;
       if (!WaitUntil([&] {
@@ -58,6 +61,7 @@ class BoardCluster {
 
  private:
   size_t nodes_;
+  std::vector<std::string> extra_args_;
   TestCluster cluster_;
   std::vector<std::string> port_files_;
   std::vector<uint16_t> ports_;
@@ -107,6 +111,20 @@ TEST(BulletinTest, PostedOnOneNodeListedOnAnother) {
   EXPECT_EQ(page["messages"][0]["text"], "hello 3");
   EXPECT_EQ(page["messages"][1]["text"], "hello 4");
   EXPECT_EQ(page["next_after"], 4);
+  // The board as it was at version 3, from node 2's retained versions.
+  auto old = b.Call(1, "GET", "/boards/news/messages?version=3");
+  ASSERT_EQ(old.status, 200) << old.body;
+  json at3 = BoardCluster::Body(old);
+  EXPECT_EQ(at3["version"], 3);
+  EXPECT_EQ(at3["count"], 3);
+  ASSERT_EQ(at3["messages"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(at3["messages"][i]["text"], "hello " + std::to_string(i + 1));
+  auto ahead = b.Call(1, "GET", "/boards/news/messages?version=99");
+  EXPECT_EQ(ahead.status, 404) << ahead.body;
+  EXPECT_NE(ahead.body.find("not held yet"), std::string::npos) << ahead.body;
+  EXPECT_EQ(b.Call(1, "GET", "/boards/news/messages?version=0").status, 400);
+  EXPECT_EQ(b.Call(1, "GET", "/boards/news/messages?version=x").status, 400);
+  EXPECT_EQ(b.Call(1, "GET", "/boards/nosuch/messages?version=2").status, 404);
   // The board list, from another node.
   json boards;
   ASSERT_TRUE(WaitUntil([&] {
@@ -114,6 +132,27 @@ TEST(BulletinTest, PostedOnOneNodeListedOnAnother) {
     boards = BoardCluster::Body(r);
     return r.status == 200 && boards["boards"] == json::array({"news"});
   }, std::chrono::seconds(10))) << boards.dump();
+}
+
+// A node that retains two versions: older listings are refused with the
+// oldest version it still holds.
+TEST(BulletinTest, ListingAtAVersionPastTheRetention) {
+  BoardCluster b(1, {"--keep-versions", "2"});
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "short"})").status, 201);
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_EQ(b.Call(0, "POST", "/boards/short/messages?cl=ONE", Message("bo", "m" + std::to_string(i))).status, 201);
+  }
+  auto kept = b.Call(0, "GET", "/boards/short/messages?version=4");
+  ASSERT_EQ(kept.status, 200) << kept.body;
+  EXPECT_EQ(BoardCluster::Body(kept)["count"], 4);
+  EXPECT_EQ(BoardCluster::Body(kept)["messages"].size(), 4u);
+  auto gone = b.Call(0, "GET", "/boards/short/messages?version=2");
+  EXPECT_EQ(gone.status, 404) << gone.body;
+  EXPECT_NE(gone.body.find("oldest version held is 4"), std::string::npos) << gone.body;
+  auto newest = b.Call(0, "GET", "/boards/short/messages");
+  ASSERT_EQ(newest.status, 200) << newest.body;
+  EXPECT_EQ(BoardCluster::Body(newest)["count"], 5);
 }
 
 TEST(BulletinTest, ErrorStatuses) {

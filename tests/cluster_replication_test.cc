@@ -128,8 +128,10 @@ TEST(ClusterReplicationTest, QuorumWritesSurviveKilledReplicaWhichCatchesUp) {
 
 TEST(ClusterReplicationTest, ReplicaBehindTruncatedWalGetsSnapshot) {
   TestCluster c;
-  // Tiny WAL segments and frequent checkpoints so the WAL forgets fast.
-  StartCluster(c, 3, {"--checkpoint-every", "10", "--wal-retain", "2", "--wal-segment-bytes", "2048"});
+  // Tiny WAL segments and frequent checkpoints so the WAL forgets fast (and
+  // no past versions to retain, which would keep the WAL they need).
+  StartCluster(c, 3, {"--checkpoint-every", "10", "--wal-retain", "2", "--wal-segment-bytes", "2048",
+                      "--keep-versions", "1"});
   size_t leader = CreateTree(c, "big");
   size_t victim = (leader + 2) % 3;
   auto client = c.Connect(leader);

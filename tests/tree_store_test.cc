@@ -228,6 +228,7 @@ TEST(TreeStore, ReadDeltasSinceAndTruncation) {
   TempDir tmp;
   StoreOptions o = Opts();
   o.wal_segment_bytes = 512;  // many segments
+  o.retention.keep_versions = 1;  // no past versions hold the WAL (tree_versions_test covers those)
   std::vector<std::string> committed;
   {
     auto store = OpenOrDie(tmp.path(), o);
@@ -331,8 +332,12 @@ TEST(TreeStore, TornAndCorruptWalTailsAreCutNotApplied) {
 TEST(TreeStore, DamagedNewestCheckpointFallsBackToTheOlderOne) {
   TempDir tmp;
   uint64_t digest;
+  // Only the newest version retained, so recovery starts from the newest
+  // checkpoint (not from version 0, which the whole WAL still reaches).
+  StoreOptions o = Opts();
+  o.retention.keep_versions = 1;
   {
-    auto store = OpenOrDie(tmp.path(), Opts());
+    auto store = OpenOrDie(tmp.path(), o);
     ASSERT_TRUE(store->CreateTree("t").ok());
     for (int i = 0; i < 10; ++i) ASSERT_TRUE(CommitNumbered(*store, "t").ok());
     ASSERT_TRUE(store->Checkpoint("t").ok());
@@ -344,7 +349,7 @@ TEST(TreeStore, DamagedNewestCheckpointFallsBackToTheOlderOne) {
   auto cps = Files(tmp.path() + "/trees/t", "checkpoint-");
   ASSERT_EQ(cps.size(), 2u);
   ASSERT_EQ(::truncate(cps.back().c_str(), 30), 0);
-  auto store = OpenOrDie(tmp.path(), Opts());
+  auto store = OpenOrDie(tmp.path(), o);
   auto v = store->Latest("t");
   EXPECT_EQ(v->number(), 25u);
   EXPECT_EQ(v->Digest(), digest);
@@ -517,6 +522,7 @@ TEST(TreeStore, AutomaticCheckpointsBoundTheWal) {
   o.checkpoint_every_commits = 10;
   o.wal_retain_versions = 5;
   o.wal_segment_bytes = 300;
+  o.retention.keep_versions = 1;  // no past versions hold the WAL (tree_versions_test covers those)
   std::string dir = tmp.path() + "/trees/t";
   {
     auto store = OpenOrDie(tmp.path(), o);

@@ -13,8 +13,10 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <utility>
@@ -62,7 +64,82 @@ Status Store::ValidateTreeName(std::string_view name) {
   return Status::Ok();
 }
 
+// ------------------------------------------------------------ pins
+
+struct VersionPin::Table {
+  std::mutex mu;  // a leaf lock: taken with t.mu held or with nothing held
+  std::multiset<uint64_t> pinned;
+
+  void Add(uint64_t v) {
+    std::lock_guard lk(mu);
+    pinned.insert(v);
+  }
+  void Remove(uint64_t v) {
+    std::lock_guard lk(mu);
+    auto it = pinned.find(v);
+    if (it != pinned.end()) pinned.erase(it);
+  }
+  // The oldest pinned version, or UINT64_MAX when nothing is pinned.
+  uint64_t Oldest() {
+    std::lock_guard lk(mu);
+    return pinned.empty() ? std::numeric_limits<uint64_t>::max() : *pinned.begin();
+  }
+};
+
+VersionPin::VersionPin(std::shared_ptr<Table> table, std::string tree, uint64_t version)
+    : table_(std::move(table)), tree_(std::move(tree)), version_(version) {}
+
+VersionPin::~VersionPin() { Release(); }
+
+VersionPin::VersionPin(VersionPin&& other) noexcept
+    : table_(std::move(other.table_)), tree_(std::move(other.tree_)), version_(other.version_) {
+  other.table_.reset();
+}
+
+VersionPin& VersionPin::operator=(VersionPin&& other) noexcept {
+  if (this != &other) {
+    Release();
+    table_ = std::move(other.table_);
+    other.table_.reset();
+    tree_ = std::move(other.tree_);
+    version_ = other.version_;
+  }
+  return *this;
+}
+
+void VersionPin::Release() {
+  if (table_) table_->Remove(version_);
+  table_.reset();
+}
+
 namespace {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+// A past version in a tree's retained window, with the moment the next
+// version replaced it as the newest.
+struct RetainedVersion {
+  Version version;
+  SteadyTime superseded_at;
+};
+
+// Moves the oldest versions of `history` that no retention rule keeps into
+// *dropped (for the caller to destroy with no lock held). `latest` is the
+// newest version number; `pin_floor` the oldest pinned version (UINT64_MAX:
+// none). history holds consecutive versions ending at latest - 1.
+void PruneHistory(std::deque<RetainedVersion>& history, uint64_t latest, uint64_t pin_floor,
+                  const RetentionPolicy& policy, SteadyTime now, std::vector<Version>* dropped) {
+  const uint64_t keep = std::max<uint64_t>(policy.keep_versions, 1);
+  const uint64_t count_floor = latest + 1 > keep ? latest + 1 - keep : 0;
+  while (!history.empty()) {
+    const RetainedVersion& front = history.front();
+    const uint64_t n = front.version.number();
+    if (n >= count_floor || n >= pin_floor) break;
+    if (policy.keep_for.count() > 0 && now - front.superseded_at < policy.keep_for) break;
+    if (dropped != nullptr) dropped->push_back(std::move(history.front().version));
+    history.pop_front();
+  }
+}
 
 struct TreeState {
   TreeState(std::string n, std::string d) : name(std::move(n)), dir(std::move(d)) {}
@@ -84,6 +161,16 @@ struct TreeState {
   uint64_t commits_since_checkpoint = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
+  // The retained past versions, oldest first, consecutive, ending at
+  // latest.number() - 1 (empty: only the newest is held).
+  std::deque<RetainedVersion> history;
+  // Pins on this tree's versions; shared with the VersionPins handed out.
+  const std::shared_ptr<VersionPin::Table> pins = std::make_shared<VersionPin::Table>();
+
+  // REQUIRES: mu held.
+  uint64_t OldestRetainedLocked() const {
+    return history.empty() ? latest.number() : history.front().version.number();
+  }
 
   // Where recent ReadDeltasSince calls stopped: the version reached, the WAL
   // segment and the offset of the record after it. A replica's stream asks
@@ -300,6 +387,28 @@ class StoreImpl final : public Store {
     return t->synced;
   }
 
+  Result<Version> At(std::string_view tree, uint64_t number) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    CANOPY_RETURN_IF_ERROR(CheckRetainedLocked(*t, number));
+    if (number == t->latest.number()) return t->latest;
+    return t->history[static_cast<size_t>(number - t->history.front().version.number())].version;
+  }
+
+  Result<RetainedVersions> Retained(std::string_view tree) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    return RetainedVersions{t->OldestRetainedLocked(), t->latest.number()};
+  }
+
+  Result<VersionPin> Pin(std::string_view tree, uint64_t number) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard lk(t->mu);
+    CANOPY_RETURN_IF_ERROR(CheckRetainedLocked(*t, number));
+    t->pins->Add(number);
+    return VersionPin(t->pins, t->name, number);
+  }
+
   Result<Transaction> Begin(std::string_view tree) const override {
     CANOPY_ASSIGN_OR_RETURN(Version v, Latest(tree));
     return Transaction(std::move(v));
@@ -437,6 +546,7 @@ class StoreImpl final : public Store {
       }
       t = it->second;
     }
+    std::deque<RetainedVersion> old_history;  // freed after t->mu is released
     std::lock_guard mlk(t->maintenance_mu);
     std::unique_lock lk(t->mu);
     t->wal->CloseActive();
@@ -446,6 +556,8 @@ class StoreImpl final : public Store {
     // From here on the tree directory holds the snapshot; the old one is in install_dir.
     ++t->generation;
     t->wal = std::make_unique<WalWriter>(t->dir, options_.wal_segment_bytes, SyncsFiles());
+    // The history before the snapshot went with the old directory.
+    old_history.swap(t->history);
     t->latest = installed;
     t->synced = v.number();
     t->unsynced_bytes = 0;
@@ -484,6 +596,50 @@ class StoreImpl final : public Store {
  private:
   bool SyncsFiles() const { return options_.fsync != FsyncPolicy::kNone; }
 
+  // OK if version `number` of `t` is retained; else NotFound naming the window.
+  // REQUIRES: t.mu held.
+  static Status CheckRetainedLocked(const TreeState& t, uint64_t number) {
+    const uint64_t oldest = t.OldestRetainedLocked(), newest = t.latest.number();
+    if (number >= oldest && number <= newest) return Status::Ok();
+    std::string held = oldest == newest ? "only version " + std::to_string(newest) + " is held"
+                                        : "versions " + std::to_string(oldest) + ".." + std::to_string(newest) +
+                                              " are held";
+    if (number < oldest) {
+      return Status::NotFound(TreeLabel(t) + ": version " + std::to_string(number) +
+                              " is no longer held (past the retention; the oldest version held is " +
+                              std::to_string(oldest) + ", " + held + ")");
+    }
+    return Status::NotFound(TreeLabel(t) + ": version " + std::to_string(number) +
+                            " is not held yet (the newest version is " + std::to_string(newest) + ", " + held + ")");
+  }
+
+  // Drops the versions of `t` that no retention rule keeps any more.
+  void PruneTree(TreeState& t) {
+    std::vector<Version> dropped;
+    std::lock_guard lk(t.mu);
+    PruneHistory(t.history, t.latest.number(), t.pins->Oldest(), options_.retention,
+                 std::chrono::steady_clock::now(), &dropped);
+  }
+
+  // The newest checkpoint file of `t` at or before the oldest retained
+  // version: the base Open rebuilds the retained window from (0, the empty
+  // tree, when there is none). REQUIRES: t.maintenance_mu held.
+  uint64_t RetentionBaseCheckpoint(TreeState& t) {
+    uint64_t floor;
+    {
+      std::lock_guard lk(t.mu);
+      floor = t.OldestRetainedLocked();
+    }
+    uint64_t base = 0;
+    auto names = ListDir(t.dir);
+    if (!names.ok()) return 0;
+    for (const auto& n : *names) {
+      uint64_t cv;
+      if (ParseCheckpointName(n, &cv) && cv <= floor) base = std::max(base, cv);
+    }
+    return base;
+  }
+
   std::shared_ptr<TreeState> NewTreeState(const std::string& name, Version v) {
     auto t = std::make_shared<TreeState>(name, JoinPath(trees_dir_, name));
     t->synced = v.number();
@@ -501,6 +657,7 @@ class StoreImpl final : public Store {
 
   Result<CommitResult> CommitDelta(TreeState& t, const Delta& delta, const NodePtr& base_root,
                                    NodePtr new_root, std::string_view encoded) {
+    std::vector<Version> dropped;  // versions leaving the retained window; freed after t.mu is released
     std::unique_lock lk(t.mu);
     if (!t.failed.ok()) return t.failed;
     if (delta.base_version != t.latest.number() || (base_root && base_root != t.latest.root())) {
@@ -532,7 +689,10 @@ class StoreImpl final : public Store {
                            " failed, the tree stays at version " + std::to_string(t.latest.number()));
     }
     uint64_t v = delta.new_version;
+    const SteadyTime now = std::chrono::steady_clock::now();
+    t.history.push_back(RetainedVersion{std::move(t.latest), now});
     t.latest = Version(t.name, v, std::move(new_root));
+    PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, &dropped);
     t.unsynced_bytes += encoded.size();
     if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
     bool queue_checkpoint = false;
@@ -617,13 +777,19 @@ class StoreImpl final : public Store {
     std::string path = JoinPath(t.dir, CheckpointName(v.number()));
     Status s = WriteCheckpointFile(path, v, options_.snapshot_chunk_bytes);
     if (!s.ok()) return s.WithContext(TreeLabel(t) + ": checkpoint at version " + std::to_string(v.number()));
+    uint64_t floor;
     {
       std::lock_guard lk(t.mu);
       t.checkpoint_version = std::max(t.checkpoint_version, v.number());
       uint64_t since = t.latest.number() - v.number();
       t.commits_since_checkpoint = std::min(t.commits_since_checkpoint, since);
+      floor = t.OldestRetainedLocked();
     }
-    // Keep the newest two checkpoints (the older one is a fallback should the newest be damaged).
+    // Keep the newest two checkpoints (the older one is a fallback should the
+    // newest be damaged), the newest one at or before the oldest retained
+    // version (the base Open rebuilds the retained window from) and the
+    // oldest one after it (the next base, once the window moves past it).
+    // Everything else goes: at most four files.
     auto names = ListDir(t.dir);
     if (names.ok()) {
       std::vector<uint64_t> versions;
@@ -632,16 +798,27 @@ class StoreImpl final : public Store {
         if (ParseCheckpointName(n, &cv) && cv <= v.number()) versions.push_back(cv);
       }
       std::sort(versions.rbegin(), versions.rend());
-      for (size_t i = 2; i < versions.size(); ++i)
-        (void)RemoveFile(JoinPath(t.dir, CheckpointName(versions[i])));
+      size_t base = versions.size(), next_base = versions.size();
+      for (size_t i = 0; i < versions.size(); ++i) {
+        if (versions[i] <= floor) {
+          base = i;
+          break;
+        }
+        next_base = i;
+      }
+      for (size_t i = 2; i < versions.size(); ++i) {
+        if (i != base && i != next_base) (void)RemoveFile(JoinPath(t.dir, CheckpointName(versions[i])));
+      }
     }
     return v.number();
   }
 
   // REQUIRES: t.maintenance_mu held.
   Status TruncateLocked(TreeState& t, uint64_t version) {
+    // The deltas after the retention base checkpoint rebuild the retained window on restart.
+    const uint64_t base = RetentionBaseCheckpoint(t);
     std::lock_guard lk(t.mu);
-    uint64_t limit = std::min(version, t.checkpoint_version);
+    uint64_t limit = std::min({version, t.checkpoint_version, base});
     auto& segs = t.wal->segments();
     size_t drop = 0;
     while (drop < segs.size() && segs[drop].last_version <= limit) ++drop;
@@ -660,6 +837,9 @@ class StoreImpl final : public Store {
     return first;
   }
 
+  // Recovers tree `name`: its newest version and the retained window before
+  // it, from a checkpoint at or before the window's oldest version plus a
+  // replay of the WAL (tree/README.md, Recovery).
   Result<std::shared_ptr<TreeState>> RecoverTree(const std::string& name) {
     std::string dir = JoinPath(trees_dir_, name);
     CANOPY_ASSIGN_OR_RETURN(auto files, ListDir(dir));
@@ -674,27 +854,110 @@ class StoreImpl final : public Store {
         segment_firsts.push_back(v);
       }
     }
-    std::sort(checkpoints.rbegin(), checkpoints.rend());
+    std::sort(checkpoints.begin(), checkpoints.end());
     std::sort(segment_firsts.begin(), segment_firsts.end());
 
-    Version current(name, 0, Node::Empty());
-    uint64_t checkpoint_version = 0;
-    for (uint64_t cv : checkpoints) {
+    // When each segment was last written: no earlier than the versions its
+    // records replaced stopped being the newest (the keep_for rule's clock).
+    const SteadyTime steady_now = std::chrono::steady_clock::now();
+    const auto system_now = std::chrono::system_clock::now();
+    std::vector<SteadyTime> segment_written;
+    for (uint64_t first : segment_firsts) {
+      SteadyTime when = steady_now;
+      struct stat st {};
+      if (::stat(JoinPath(dir, WalSegmentName(first)).c_str(), &st) == 0) {
+        auto mtime = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+        if (mtime < system_now) {
+          when = steady_now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(system_now - mtime);
+        }
+      }
+      segment_written.push_back(when);
+    }
+
+    // The oldest version the retention wants back, estimated from the file
+    // names so that it is never newer than the real one.
+    const RetentionPolicy& policy = options_.retention;
+    const uint64_t keep = std::max<uint64_t>(policy.keep_versions, 1);
+    uint64_t newest_named = checkpoints.empty() ? 0 : checkpoints.back();
+    if (!segment_firsts.empty()) newest_named = std::max(newest_named, segment_firsts.back() - 1);
+    uint64_t want_from = newest_named + 1 > keep ? newest_named + 1 - keep : 0;
+    if (policy.keep_for.count() > 0) {
+      for (size_t i = 0; i < segment_firsts.size(); ++i) {
+        if (steady_now - segment_written[i] < policy.keep_for) {
+          want_from = std::min(want_from, segment_firsts[i] - 1);
+          break;
+        }
+      }
+    }
+
+    // Where to start: 0 (the empty tree) or a checkpoint the WAL continues
+    // from; the newest such at or before want_from, else the oldest after it.
+    // The newest checkpoint needs no WAL before it.
+    const uint64_t newest_checkpoint = checkpoints.empty() ? 0 : checkpoints.back();
+    auto wal_continues_from = [&](uint64_t c) {
+      return c == newest_checkpoint || (!segment_firsts.empty() && segment_firsts.front() <= c + 1);
+    };
+    std::vector<uint64_t> bases;  // in the order to try them
+    {
+      std::vector<uint64_t> all = checkpoints;
+      if (all.empty() || all.front() != 0) all.insert(all.begin(), 0);
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {
+        if (*it <= want_from && wal_continues_from(*it)) bases.push_back(*it);
+      }
+      for (uint64_t c : all) {
+        if (c > want_from && wal_continues_from(c)) bases.push_back(c);
+      }
+    }
+    std::set<uint64_t> unreadable;
+    auto load = [&](uint64_t cv) -> Result<Version> {
+      if (cv == 0 && !std::binary_search(checkpoints.begin(), checkpoints.end(), 0)) {
+        return Version(name, 0, Node::Empty());
+      }
       auto loaded = LoadCheckpoint(JoinPath(dir, CheckpointName(cv)), name, cv);
+      if (!loaded.ok()) {
+        unreadable.insert(cv);
+        CANOPY_LOG(kWarn, "tree '{}': skipping unreadable checkpoint: {}", name, loaded.status().ToString());
+      }
+      return loaded;
+    };
+
+    uint64_t version = 0;
+    uint64_t checkpoint_version = 0;  // newest checkpoint read and verified
+    NodePtr root = Node::Empty();
+    for (uint64_t cv : bases) {
+      auto loaded = load(cv);
       if (loaded.ok()) {
-        current = std::move(*loaded);
+        version = cv;
+        root = loaded->root();
         checkpoint_version = cv;
         break;
       }
-      CANOPY_LOG(kWarn, "tree '{}': skipping unreadable checkpoint: {}", name, loaded.status().ToString());
     }
+    std::deque<RetainedVersion> history;
+    // Moves on to the newest readable checkpoint newer than `version` and at
+    // least `at_least` (the WAL has a gap, or ends, before it); the history
+    // replayed so far is dropped, as it would not be contiguous.
+    auto jump_to_checkpoint = [&](uint64_t at_least) {
+      for (auto it = checkpoints.rbegin(); it != checkpoints.rend() && *it > version && *it >= at_least; ++it) {
+        if (unreadable.count(*it)) continue;
+        auto loaded = load(*it);
+        if (!loaded.ok()) continue;
+        CANOPY_LOG(kInfo, "tree '{}': the WAL does not continue from version {}; going on from checkpoint {}", name,
+                   version, *it);
+        version = *it;
+        root = loaded->root();
+        checkpoint_version = *it;
+        history.clear();
+        return true;
+      }
+      return false;
+    };
 
-    uint64_t version = current.number();
-    NodePtr root = current.root();
     std::vector<WalSegment> segments;
-    for (uint64_t first : segment_firsts) {
+    for (size_t i = 0; i < segment_firsts.size(); ++i) {
       WalSegment seg;
-      seg.path = JoinPath(dir, WalSegmentName(first));
+      seg.path = JoinPath(dir, WalSegmentName(segment_firsts[i]));
       bool any = false;
       auto scan = ScanSegment(seg.path, UINT64_MAX, [&](const Delta& d, std::string_view) -> Status {
         if (d.tree != name || d.new_version != d.base_version + 1 ||
@@ -706,19 +969,26 @@ class StoreImpl final : public Store {
         if (!any) seg.first_version = d.new_version;
         any = true;
         seg.last_version = d.new_version;
-        if (d.new_version <= version) return Status::Ok();  // already in the checkpoint
+        if (d.new_version <= version) return Status::Ok();  // already in the base
         if (d.base_version != version) {
-          return Status::Corruption("tree '" + name + "': WAL gap: recovered up to version " +
-                                    std::to_string(version) + ", but the next record in " + seg.path +
-                                    " is based on version " + std::to_string(d.base_version));
+          const uint64_t reached = version;
+          if (!jump_to_checkpoint(d.base_version) ||
+              (d.new_version > version && d.base_version != version)) {
+            return Status::Corruption("tree '" + name + "': WAL gap: recovered up to version " +
+                                      std::to_string(reached) + ", but the next record in " + seg.path +
+                                      " is based on version " + std::to_string(d.base_version));
+          }
+          if (d.new_version <= version) return Status::Ok();
         }
         auto applied = ApplyOps(root, d.ops);
         if (!applied.ok()) {
           return Status::Corruption(seg.path + ": delta to version " + std::to_string(d.new_version) +
                                     " does not apply: " + applied.status().message());
         }
+        history.push_back(RetainedVersion{Version(name, version, std::move(root)), segment_written[i]});
         root = std::move(*applied);
         version = d.new_version;
+        PruneHistory(history, version, std::numeric_limits<uint64_t>::max(), policy, steady_now, nullptr);
         return Status::Ok();
       });
       if (!scan.ok()) return scan.status();
@@ -737,15 +1007,23 @@ class StoreImpl final : public Store {
       seg.bytes = scan->valid_bytes;
       segments.push_back(std::move(seg));
     }
+    // The WAL ended before the newest checkpoint (its tail was lost in a crash).
+    if (newest_checkpoint > version) (void)jump_to_checkpoint(0);
     if (SyncsFiles()) CANOPY_RETURN_IF_ERROR(FsyncDir(dir));
+    uint64_t newest_at_or_before = checkpoint_version;
+    for (uint64_t cv : checkpoints) {
+      if (cv <= version) newest_at_or_before = std::max(newest_at_or_before, cv);
+    }
     auto t = NewTreeState(name, Version(name, version, root));
     t->checkpoint_version = checkpoint_version;
-    t->commits_since_checkpoint = version - current.number();
+    t->commits_since_checkpoint = version - newest_at_or_before;
     t->wal->segments() = std::move(segments);
+    t->history = std::move(history);
     return t;
   }
 
   void BackgroundLoop() {
+    SteadyTime last_prune{};
     const auto idle = options_.fsync == FsyncPolicy::kBatch
                           ? std::max(options_.batch_interval, std::chrono::milliseconds(1))
                           : std::chrono::milliseconds(1000);
@@ -758,12 +1036,19 @@ class StoreImpl final : public Store {
         queue.swap(checkpoint_queue_);
         batch_kick_ = false;
       }
+      std::vector<std::shared_ptr<TreeState>> all;
+      {
+        std::shared_lock lk(trees_mu_);
+        for (const auto& [n, t] : trees_) all.push_back(t);
+      }
+      // Versions kept by time, or by a pin since released, leave the window
+      // here too (at most once a second: commits prune as well).
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_prune >= std::chrono::seconds(1)) {
+        last_prune = now;
+        for (const auto& t : all) PruneTree(*t);
+      }
       if (options_.fsync == FsyncPolicy::kBatch) {
-        std::vector<std::shared_ptr<TreeState>> all;
-        {
-          std::shared_lock lk(trees_mu_);
-          for (const auto& [n, t] : trees_) all.push_back(t);
-        }
         for (const auto& t : all) {
           std::unique_lock lk(t->mu);
           if (t->synced >= t->latest.number() || !t->failed.ok()) continue;
@@ -847,6 +1132,12 @@ Result<Version> InstallerImpl::Finish() {
 Result<std::unique_ptr<Store>> Store::Open(const std::string& dir, const StoreOptions& options) {
   if (options.fsync == FsyncPolicy::kBatch && options.batch_interval.count() <= 0) {
     return Status::InvalidArgument("batch_interval must be positive");
+  }
+  if (options.retention.keep_versions == 0) {
+    return Status::InvalidArgument("retention.keep_versions must be at least 1 (the newest version)");
+  }
+  if (options.retention.keep_for.count() < 0) {
+    return Status::InvalidArgument("retention.keep_for must not be negative");
   }
   auto store = std::make_unique<StoreImpl>(dir, options);
   CANOPY_RETURN_IF_ERROR(store->Init().WithContext("open store " + dir));

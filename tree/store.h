@@ -31,6 +31,29 @@
 // concurrently. Writes to one tree are serialised by a per-tree mutex; reads
 // (Latest, Version handles) never wait for fsyncs. The Store must outlive the
 // SnapshotInstallers it hands out. Versions are immutable and outlive the Store.
+//
+// Past versions (StoreOptions::retention, At, Pin): besides the newest
+// version, every tree retains a window of its recent versions, readable by
+// number with At(). A version is retained while ANY of these keeps it:
+//   - it is one of the newest retention.keep_versions versions (default 1000);
+//   - it was the newest version at some moment within the last
+//     retention.keep_for (it was superseded less than keep_for ago; off by
+//     default);
+//   - a VersionPin on it or on an older version of the tree is alive.
+// The window is contiguous: oldest retained .. newest. Versions leave it from
+// the old end when the next commit on the tree, or the background thread
+// (about once a second), finds no rule keeping them; a read past it is
+// NotFound naming the oldest and newest version held. Retained versions share every node they
+// did not change with their neighbours (see tree/node.h), so each costs
+// about what its commit changed. The same rules apply whether a version was
+// committed here or applied from a replicated delta. A snapshot install
+// (replica catch-up, node join) replaces the tree's whole history: only the
+// installed version is held afterwards.
+// Across a restart: Open() rebuilds the keep_versions and keep_for windows
+// from a checkpoint at or before their oldest version plus a replay of the
+// WAL, which checkpoint deletion and WAL truncation keep on disk for this
+// purpose (tree/README.md states exactly what survives). Pins are not
+// durable.
 #pragma once
 
 #include <chrono>
@@ -50,6 +73,20 @@
 
 namespace canopy::tree {
 
+// Which past versions of each tree stay readable (see the top of this file).
+struct RetentionPolicy {
+  // The newest this many versions, the newest included. Must be >= 1
+  // (1: only the newest version; Open returns InvalidArgument for 0).
+  uint64_t keep_versions = 1000;
+  // Also every version superseded less than this long ago; 0 turns the rule
+  // off. After a restart a replayed version counts as superseded when the
+  // WAL segment holding its successor was last modified (never earlier than
+  // it really was), so the rule keeps at least what it promised.
+  std::chrono::milliseconds keep_for{0};
+};
+
+class VersionPin;
+
 enum class FsyncPolicy : uint8_t { kAlways = 0, kBatch = 1, kNone = 2 };
 const char* FsyncPolicyName(FsyncPolicy policy);
 // "always" | "batch" | "none"; InvalidArgument otherwise.
@@ -66,7 +103,9 @@ struct StoreOptions {
   uint64_t checkpoint_every_commits = 10000;
   // After an automatic checkpoint at version c, WAL segments holding only
   // deltas with new_version <= c - wal_retain_versions are deleted, so
-  // replicas that lag by less than this can still catch up from the WAL.
+  // replicas that lag by less than this can still catch up from the WAL
+  // (and only those the retained window does not need to be rebuilt; see
+  // TruncateWalBefore).
   uint64_t wal_retain_versions = 10000;
   // A new WAL segment is started once the current one reaches this size.
   uint64_t wal_segment_bytes = 64 << 20;
@@ -78,6 +117,47 @@ struct StoreOptions {
   // --install-fsync each-chunk` turns it on to measure what per-piece fsync
   // costs a node join.
   bool install_fsync_each_chunk = false;
+  // Past versions kept readable (At, Pin).
+  RetentionPolicy retention;
+};
+
+// The range of versions of one tree that At() can read now.
+struct RetainedVersions {
+  uint64_t oldest = 0;
+  uint64_t newest = 0;
+  bool operator==(const RetainedVersions&) const = default;
+};
+
+// Keeps one version of a tree, and every later one, retained (readable by
+// Store::At) while it is alive, whatever the retention policy says. Obtained
+// from Store::Pin; move-only; destroying it (or Release) lets the retention
+// policy drop those versions again at its next pass. A pin only holds
+// versions that are still retained when it is made, does not survive a
+// restart, and holds nothing from before a snapshot install. Safe to destroy
+// on any thread, before or after the Store. An empty (default-constructed or
+// moved-from) pin holds nothing.
+class VersionPin {
+ public:
+  struct Table;  // private to store.cc
+
+  VersionPin() = default;
+  VersionPin(std::shared_ptr<Table> table, std::string tree, uint64_t version);
+  ~VersionPin();
+  VersionPin(VersionPin&& other) noexcept;
+  VersionPin& operator=(VersionPin&& other) noexcept;
+  VersionPin(const VersionPin&) = delete;
+  VersionPin& operator=(const VersionPin&) = delete;
+
+  bool held() const { return table_ != nullptr; }
+  const std::string& tree() const { return tree_; }
+  uint64_t version() const { return version_; }
+  // Gives the pin up now (as the destructor does); the pin is then empty.
+  void Release();
+
+ private:
+  std::shared_ptr<Table> table_;
+  std::string tree_;
+  uint64_t version_ = 0;
 };
 
 struct CommitResult {
@@ -125,6 +205,16 @@ class Store {
   // The newest version (committed; durable per policy only after Commit returned).
   virtual Result<Version> Latest(std::string_view tree) const = 0;
   virtual Result<uint64_t> LatestVersion(std::string_view tree) const = 0;
+  // The tree at version `number`, if it is retained (see the top of this
+  // file). NotFound for an unknown tree, or naming the oldest and newest
+  // versions held when `number` is older than the oldest (no longer held)
+  // or newer than the newest (not held yet: a replica may be behind).
+  virtual Result<Version> At(std::string_view tree, uint64_t number) const = 0;
+  // Which versions At() can read now.
+  virtual Result<RetainedVersions> Retained(std::string_view tree) const = 0;
+  // Keeps version `number` and every later one retained until the pin is
+  // released. NotFound (as At) if `number` is not retained now.
+  virtual Result<VersionPin> Pin(std::string_view tree, uint64_t number) = 0;
   // The newest version whose WAL record is known to be synced (see policies).
   virtual Result<uint64_t> DurableVersion(std::string_view tree) const = 0;
 
@@ -159,12 +249,19 @@ class Store {
                                                            size_t max_bytes = 64 << 20) const = 0;
 
   // Writes a checkpoint of the newest version now (synchronously) and
-  // returns its version number. Does not truncate the WAL.
+  // returns its version number. Does not truncate the WAL. Of the older
+  // checkpoints it keeps the newest one, the newest one at or before the
+  // oldest retained version (the base a restart rebuilds the retained
+  // window from) and the oldest one after it (the next base), and deletes
+  // the others.
   virtual Result<uint64_t> Checkpoint(std::string_view tree) = 0;
   // Deletes WAL segments that hold only deltas with new_version <= `version`.
   // Only deltas covered by a durable checkpoint are ever deleted: `version`
-  // is clamped to the newest checkpoint's version. Segments are whole files,
-  // so some older deltas may remain.
+  // is clamped to the newest checkpoint's version, and to the version of the
+  // checkpoint a restart would rebuild the retained window from (0, i.e.
+  // nothing is deleted, while no checkpoint is at or before the oldest
+  // retained version). Segments are whole files, so some older deltas may
+  // remain.
   virtual Status TruncateWalBefore(std::string_view tree, uint64_t version) = 0;
 
   // Starts installing a snapshot of `tree` (which need not exist yet).

@@ -211,14 +211,14 @@ std::string BoardService::WriteUri(const std::string& tree) {
 }
 
 Result<ReadReply> BoardService::Read(const std::string& tree, const std::vector<uint32_t>& path,
-                                     std::string* used_uri) {
+                                     std::string* used_uri, uint64_t version) {
   std::string uri = ReadUri(tree);
   if (used_uri != nullptr) *used_uri = uri;
-  auto r = ReadFrom(uri, tree, path);
+  auto r = ReadFrom(uri, tree, path, version);
   // A replica holds a tree only from its first commit on: an empty (or just
   // created) tree is asked of its leader before it counts as unknown.
   if (r.ok() && r->status.code == StatusCode::kNotFound && path.empty() && WriteUri(tree) != ReadUri(tree)) {
-    auto at_leader = ReadFrom(WriteUri(tree), tree, path);
+    auto at_leader = ReadFrom(WriteUri(tree), tree, path, version);
     if (at_leader.ok()) {
       if (used_uri != nullptr) *used_uri = WriteUri(tree);
       return at_leader;
@@ -228,7 +228,7 @@ Result<ReadReply> BoardService::Read(const std::string& tree, const std::vector<
 }
 
 Result<ReadReply> BoardService::ReadFrom(const std::string& uri, const std::string& tree,
-                                         const std::vector<uint32_t>& path) {
+                                         const std::vector<uint32_t>& path, uint64_t version) {
   // One reconnect: a pooled connection may have been closed by a restarted peer.
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status error;
@@ -237,6 +237,7 @@ Result<ReadReply> BoardService::ReadFrom(const std::string& uri, const std::stri
     ReadRequest req;
     req.tree = tree;
     req.path = path;
+    req.version = version;
     auto r = c->Read(req);
     if (r.ok()) return r;
     DropClient(uri);
@@ -432,12 +433,23 @@ http::Response BoardService::ListMessages(const std::string& board, const http::
     }
     limit = *l;
   }
+  uint64_t requested = 0;  // 0: the newest version
+  if (query->count("version")) {
+    auto v = ParseUint((*query)["version"]);
+    if (!v || *v == 0) return JsonError(400, "version must be a board version (a positive integer)");
+    requested = *v;
+  }
   const std::string tree = BoardTreeName(board);
   // Every read of one listing goes to the same node, so versions only move forward.
   std::string uri;
-  auto root = Read(tree, {}, &uri);
+  auto root = Read(tree, {}, &uri, requested);
   if (!root.ok()) return JsonError(HttpStatusFor(root.status()), root.status().ToString());
   Status s = root->status.ToStatus();
+  if (s.code() == StatusCode::kNotFound && requested != 0) {
+    // The board exists but that version is not held (too old, or not yet here)?
+    auto newest = ReadFrom(uri, tree, {});
+    if (newest.ok() && newest->status.ToStatus().ok()) return JsonError(404, "board " + board + ": " + s.ToString());
+  }
   if (s.code() == StatusCode::kNotFound) return JsonError(404, "no board " + board);
   if (!s.ok()) return JsonError(HttpStatusFor(s), s.ToString());
   uint64_t version = root->version;
@@ -450,9 +462,21 @@ http::Response BoardService::ListMessages(const std::string& board, const http::
   uint64_t last = std::min<uint64_t>(count, after + limit);
   uint64_t next_after = after;
   for (uint64_t id = after + 1; id <= last; ++id) {
-    // The tree may move on between reads: each new version prepended one
-    // message, so at version V message `id` is child V - id.
+    // Each version prepended one message, so at version V message `id` is
+    // child V - id. Every message is read at the version of the root read
+    // (the node retains it; see canopy node --keep-versions), so the listing
+    // is one consistent snapshot.
     std::optional<ReadReply> got;
+    auto pinned = ReadFrom(uri, tree, {static_cast<uint32_t>(version - id)}, version);
+    if (!pinned.ok()) return JsonError(HttpStatusFor(pinned.status()), pinned.status().ToString());
+    Status ps = pinned->status.ToStatus();
+    if (ps.ok()) {
+      got = std::move(*pinned);
+    } else if (ps.code() != StatusCode::kNotFound || requested != 0) {
+      return JsonError(HttpStatusFor(ps) == 404 && requested == 0 ? 500 : HttpStatusFor(ps), ps.ToString());
+    }
+    // The node no longer holds that version (a retention of very few
+    // versions): read the newest instead, following the tree as it moves.
     uint64_t at = version;
     for (int attempt = 0; attempt < kMaxListRereads && !got; ++attempt) {
       if (at < id) return JsonError(503, "the answering replica went back in version; retry");

@@ -18,8 +18,14 @@
 //   POST /boards {"name": N}[?cl=CL]               201 {"name", "leader", "owners"}; 409 when it exists
 //   POST /boards/N/messages[?cl=CL&timeout_ms=T] {"author": A, "text": X}
 //                                                  201 {"id", "version", "acks", "cl"}
-//   GET  /boards/N/messages[?after=K&limit=M]      200 {"board", "version", "count", "messages": [
+//   GET  /boards/N/messages[?after=K&limit=M&version=V]
+//                                                  200 {"board", "version", "count", "messages": [
 //                                                  {"id", "author", "text", "time_ms"}, ...], "next_after"}
+//     A listing is one consistent snapshot: every message is read at the
+//     version the listing started at. version=V lists the board as it was at
+//     version V (its first V messages), while the answering node retains that
+//     version (canopy node --keep-versions / --keep-seconds); 404 naming the
+//     oldest version held otherwise.
 //   400 malformed JSON / missing or invalid fields or parameters, 404 unknown
 //   board or path, 405 wrong method (with Allow), 413 field or body too large,
 //   409 board exists, 503 cluster unreachable / no leader, 504 consistency
@@ -96,10 +102,12 @@ class BoardService : public http::Handler {
   // A root read that finds no tree there is retried at the tree's leader
   // (replicas create a tree on its first commit only).
   // *used_uri (when given) is set to the node that answered.
+  // `version` 0 reads the newest version, any other that past version (if
+  // the answering node still retains it).
   Result<replication::ReadReply> Read(const std::string& tree, const std::vector<uint32_t>& path,
-                                      std::string* used_uri = nullptr);
+                                      std::string* used_uri = nullptr, uint64_t version = 0);
   Result<replication::ReadReply> ReadFrom(const std::string& uri, const std::string& tree,
-                                          const std::vector<uint32_t>& path);
+                                          const std::vector<uint32_t>& path, uint64_t version = 0);
   Result<replication::CommitReply> Commit(const replication::CommitRequest& request);
   Result<replication::CreateTreeReply> CreateTree(const std::string& tree);
   // URI to read `tree` from, and the tree's ring leader URI to write to.

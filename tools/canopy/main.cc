@@ -148,6 +148,7 @@ int RunNode(int argc, char** argv) {
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
   uint32_t heartbeat_ms = 100, failure_ms = 1500;
+  uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
   po::options_description d("canopy node options");
   d.add_options()
@@ -177,6 +178,11 @@ int RunNode(int argc, char** argv) {
       ("wal-retain", po::value(&wal_retain)->default_value(10000),
        "after a checkpoint keep WAL deltas for this many versions (lagging replicas beyond get a snapshot)")
       ("wal-segment-bytes", po::value(&wal_segment_bytes)->default_value(64 << 20), "WAL segment file size")
+      ("keep-versions", po::value(&keep_versions)->default_value(o.store.retention.keep_versions),
+       "past versions readable with `canopy read --version`: the newest N of each tree (>= 1; 1 keeps only the "
+       "latest); kept across restarts, and by replicas too")
+      ("keep-seconds", po::value(&keep_seconds)->default_value(0),
+       "also keep every version superseded less than this many seconds ago (0: off)")
       ("heartbeat-ms", po::value(&heartbeat_ms)->default_value(100), "heartbeat interval")
       ("failure-ms", po::value(&failure_ms)->default_value(1500), "a peer silent this long is considered dead")
       ("install-fsync", po::value(&install_fsync)->default_value("finish"),
@@ -231,6 +237,10 @@ int RunNode(int argc, char** argv) {
   o.store.checkpoint_every_commits = checkpoint_every;
   o.store.wal_retain_versions = wal_retain;
   o.store.wal_segment_bytes = wal_segment_bytes;
+  if (keep_versions == 0) throw UsageError("--keep-versions must be at least 1 (the latest version)");
+  if (keep_seconds > 100ull * 365 * 24 * 3600) throw UsageError("--keep-seconds is more than a century");
+  o.store.retention.keep_versions = keep_versions;
+  o.store.retention.keep_for = std::chrono::seconds(keep_seconds);
   if (install_fsync != "finish" && install_fsync != "each-chunk") {
     throw UsageError("--install-fsync expects finish or each-chunk, got '" + install_fsync + "'");
   }
@@ -394,9 +404,10 @@ int RunRead(int argc, char** argv) {
   d.add_options()
       ("tree", po::value(&tree)->required(), "tree name")
       ("path", po::value(&path)->default_value("/"), "node path: / is the root, /0/2 the root's first child's third")
-      ("version", po::value(&version)->default_value(0), "version to read (0: the node's latest)")
+      ("version", po::value(&version)->default_value(0), "version to read (0: the node's latest); a past version is readable while the node retains it "
+       "(canopy node --keep-versions / --keep-seconds), else NotFound names the oldest version held")
       ("json", po::bool_switch(&json), "print JSON");
-  if (!Parse(argc, argv, d, "usage: canopy read --node URI --cluster NAME --secret-file F --tree T [--path P]")) return 0;
+  if (!Parse(argc, argv, d, "usage: canopy read --node URI --cluster NAME --secret-file F --tree T [--path P] [--version V]")) return 0;
   auto c = ConnectClient(a);
   auto r = c->Read(ReadRequest{tree, version, ParsePath(path)});
   if (!r.ok()) throw std::runtime_error(r.status().ToString());
