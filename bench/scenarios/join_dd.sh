@@ -15,7 +15,14 @@
 # seconds. A second comparison divides the same bytes by the streaming time
 # alone (first "receiving snapshot" to last "installed snapshot" line: no
 # process start, gossip or raft join). dd is the ceiling for writing those
-# bytes; the ratio says how close the join gets. Contract: bench/lib.sh.
+# bytes; the ratio says how close the join gets.
+# On a disk too (issue 15): when BENCH_DISK_DIR (default /var/tmp) is on a
+# block device, each rep also joins with the joiner's data dir there, next to
+# dd on the same file system, once as the machine is and (as root, quick and
+# full modes) once under hw/join-tuning.sh (longer write-back, deadline
+# scheduler; restored on exit). Those samples also give "join + sync": the
+# join time plus a `sync -f` of the joiner's file system afterwards.
+# Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
@@ -114,9 +121,13 @@ runs=$work/runs.jsonl
 # join_sample REP -> "JOIN_GBPS STREAM_GBPS": the joiner's bytes over the join
 # time and over the streaming time alone; sets JOIN_BYTES for the dd that follows.
 JOIN_BYTES=0
+# JOINER_DIR (default $work/joiner) is where the joiner keeps its data; the
+# sample also records the seconds a `sync -f` there takes once the join is done.
+SYNC_SECONDS=0
 join_sample() {
-  local rep=$1 i t0 deadline last_check=0 s1 s4 begun done_ last end secs bytes stream_s jlog=$work/joiner.log
-  rm -rf "$work/src" "$work/joiner"
+  local rep=$1 joiner=${2:-$work/joiner} label=${3:-join}
+  local i t0 deadline last_check=0 s1 s4 begun done_ last end secs bytes stream_s jlog=$work/joiner.log t_sync
+  rm -rf "$work/src" "$joiner"
   mkdir -p "$work/src"
   for i in 1 2 3; do cp -a "$work/pristine/n$i" "$work/src/n$i"; done
   for i in 1 2 3; do start_source "$i"; done
@@ -129,7 +140,7 @@ join_sample() {
   done
   sync
   t0=$(bench_now)
-  "$canopy" node --listen "${uris[4]}" --data "$work/joiner" --node-id 4 --raft "${rafts[4]}" \
+  "$canopy" node --listen "${uris[4]}" --data "$joiner" --node-id 4 --raft "${rafts[4]}" \
     --failure-ms "$failure_ms" "${common[@]}" --seed "${uris[1]}" --seed "${uris[2]}" --seed "${uris[3]}" \
     --log info > "$jlog" 2>&1 &
   pids+=($!)
@@ -160,30 +171,68 @@ join_sample() {
   done
   secs=$(bench_elapsed "$t0" "$end")
   stream_s=$(bench_elapsed "$(log_ts "$(grep 'receiving snapshot of ' "$jlog" | sort | head -n 1)")" "$end")
+  t_sync=$(bench_now)
+  sync -f "$joiner"
+  SYNC_SECONDS=$(bench_elapsed "$t_sync" "$(bench_now)")
   stop_nodes
-  bytes=$(du -sb "$work/joiner" | cut -f1)
+  bytes=$(du -sb "$joiner" | cut -f1)
   JOIN_BYTES=$bytes
-  jq -cn --argjson r "$rep" --argjson s "$secs" --argjson st "$stream_s" --argjson b "$bytes" \
+  jq -cn --arg l "$label" --argjson r "$rep" --argjson s "$secs" --argjson st "$stream_s" --argjson b "$bytes" \
+    --argjson sy "$SYNC_SECONDS" --arg dir "$joiner" \
     --argjson n "$(jq -n --argjson s1 "$s1" '[$s1.trees[] | select(.owners | map(tostring) | index("4"))] | length')" \
-    '{label: "join", rep: $r, seconds: $s, streaming_seconds: $st, bytes: $b, trees_to_joiner: $n}' >> "$runs"
-  rm -rf "$work/joiner" "$work/src"
+    '{label: $l, rep: $r, seconds: $s, streaming_seconds: $st, sync_seconds: $sy, bytes: $b, trees_to_joiner: $n, dir: $dir}' >> "$runs"
+  rm -rf "$joiner" "$work/src"
   echo "$(bench_gbps "$bytes" "$secs") $(bench_gbps "$bytes" "$stream_s")"
 }
 
 # dd_sample REP MIB -> Gbit/s by dd's own report.
 dd_sample() {
-  local rep=$1 mib=$2 out bytes secs
-  out=$(LC_ALL=C dd if=/dev/zero of="$work/dd.bin" bs=1M count="$mib" conv=fsync 2>&1 | tail -n 1)
-  rm -f "$work/dd.bin"
+  local rep=$1 mib=$2 dir=${3:-$work} label=${4:-dd} out bytes secs
+  out=$(LC_ALL=C dd if=/dev/zero of="$dir/dd.bin" bs=1M count="$mib" conv=fsync 2>&1 | tail -n 1)
+  rm -f "$dir/dd.bin"
   bytes=$(awk '{ print $1 }' <<<"$out")
   secs=$(awk -F', ' '{ split($(NF - 1), a, " "); print a[1] }' <<<"$out")
   [[ $bytes =~ ^[0-9]+$ && $secs =~ ^[0-9.e+-]+$ ]] || { bench_log "cannot parse dd's report: $out"; return 1; }
-  jq -cn --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" --arg out "$out" \
-    '{label: "dd", rep: $r, seconds: $s, bytes: $b, dd: $out}' >> "$runs"
+  jq -cn --arg l "$label" --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" --arg out "$out" --arg dir "$dir" \
+    '{label: $l, rep: $r, seconds: $s, bytes: $b, dd: $out, dir: $dir}' >> "$runs"
   bench_gbps "$bytes" "$secs"
 }
 
+# The disk: a directory on a block device for the joiner's data and dd.
+disk_base=${BENCH_DISK_DIR:-/var/tmp}
+disk_dir="" disk_fs="" disk_why=""
+if [[ -d $disk_base ]] && [[ $(findmnt -n -o SOURCE --target "$disk_base" 2>/dev/null | tail -n 1) == /dev/* ]]; then
+  disk_dir=$(mktemp -d "$disk_base/canopy-join-dd.XXXXXX")
+  disk_fs=$(df -PT "$disk_dir" | awk 'NR == 2 { print $1 " " $2 " " $7 }')
+  avail_disk_mb=$(($(df -Pk "$disk_dir" | awk 'NR == 2 { print $4 }') / 1024))
+  if ((avail_disk_mb < join_mib * 4)); then
+    disk_why="only ${avail_disk_mb} MiB free on $disk_base"
+    rm -rf "$disk_dir"
+    disk_dir=""
+  fi
+else
+  disk_why="$disk_base is not on a block device"
+fi
+tune=false tune_why=""
+tuning_state=$work/join-tuning.state
+if [[ -n $disk_dir ]]; then
+  if [[ $(id -u) -ne 0 ]]; then
+    tune_why="not root: hw/join-tuning.sh needs root"
+  elif [[ ${BENCH_MODE:-quick} == tiny ]]; then
+    tune_why="tiny mode changes no machine-wide settings"
+  else
+    tune=true
+  fi
+fi
+cleanup() {
+  stop_nodes
+  [[ -f $tuning_state ]] && "$BENCH_REPO/hw/join-tuning.sh" restore "$tuning_state" >&2
+  [[ -n $disk_dir ]] && rm -rf "$disk_dir"
+  rm -rf "$work"
+}
+
 a=() s=() b=()
+da=() dsync=() db=() ta=() tsync=() tb=()
 for ((rep = 1; rep <= reps; rep++)); do
   # Assigned first (not in $(...)) so that JOIN_BYTES survives.
   join_sample "$rep" > "$work/sample"
@@ -192,6 +241,25 @@ for ((rep = 1; rep <= reps; rep++)); do
   dd_mib=$(((JOIN_BYTES + 1048575) / 1048576))
   b+=("$(dd_sample "$rep" "$dd_mib")")
   bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB)"
+  [[ -n $disk_dir ]] || continue
+  for variant in untuned tuned; do
+    if [[ $variant == tuned ]]; then
+      $tune || continue
+      "$BENCH_REPO/hw/join-tuning.sh" apply "$disk_dir" "$tuning_state" >&2
+    fi
+    join_sample "$rep" "$disk_dir/joiner" "join-disk-$variant" > "$work/sample"
+    read -r ja _ < "$work/sample"
+    js=$(awk -v b="$JOIN_BYTES" -v g="$ja" -v y="$SYNC_SECONDS" 'BEGIN { t = b * 8 / (g * 1e9); printf "%.4f\n", b * 8 / (t + y) / 1e9 }')
+    dd_mib=$(((JOIN_BYTES + 1048575) / 1048576))
+    dd_g=$(dd_sample "$rep" "$dd_mib" "$disk_dir" "dd-disk-$variant")
+    if [[ $variant == tuned ]]; then
+      "$BENCH_REPO/hw/join-tuning.sh" restore "$tuning_state" >&2
+      ta+=("$ja") tsync+=("$js") tb+=("$dd_g")
+    else
+      da+=("$ja") dsync+=("$js") db+=("$dd_g")
+    fi
+    bench_log "rep $rep/$reps, disk ($variant): join $ja Gbit/s, join + sync $js, dd $dd_g Gbit/s"
+  done
 done
 
 comparisons=$(jq -s . <<EOC
@@ -199,22 +267,45 @@ $(bench_comparison "node join vs dd conv=fsync (~$join_mib MiB to the joiner, tm
   "join (4th node)" "$(bench_samples "${a[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
 $(bench_comparison "snapshot streaming alone vs dd conv=fsync (~$join_mib MiB to the joiner, tmpfs)" Gbit/s true \
   "join streaming" "$(bench_samples "${s[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
+$(if [[ -n $disk_dir ]]; then
+  bench_comparison "node join vs dd conv=fsync, joiner on disk ($disk_fs), as the machine is" Gbit/s true \
+    "join (4th node), disk" "$(bench_samples "${da[@]}")" "dd bs=1M conv=fsync, disk" "$(bench_samples "${db[@]}")" \
+    0.8 "join >= 0.8x dd conv=fsync on the same file system"
+  bench_comparison "node join + sync vs dd conv=fsync, joiner on disk ($disk_fs), as the machine is" Gbit/s true \
+    "join + sync, disk" "$(bench_samples "${dsync[@]}")" "dd bs=1M conv=fsync, disk" "$(bench_samples "${db[@]}")" \
+    0.8 "join + sync >= 0.8x dd conv=fsync on the same file system"
+fi
+if $tune; then
+  bench_comparison "node join vs dd conv=fsync, joiner on disk ($disk_fs), hw/join-tuning.sh applied" Gbit/s true \
+    "join (4th node), disk, tuned" "$(bench_samples "${ta[@]}")" "dd bs=1M conv=fsync, disk, tuned" "$(bench_samples "${tb[@]}")" \
+    0.8 "join >= 0.8x dd conv=fsync on the same file system"
+  bench_comparison "node join + sync vs dd conv=fsync, joiner on disk ($disk_fs), hw/join-tuning.sh applied" Gbit/s true \
+    "join + sync, disk, tuned" "$(bench_samples "${tsync[@]}")" "dd bs=1M conv=fsync, disk, tuned" "$(bench_samples "${tb[@]}")" \
+    0.8 "join + sync >= 0.8x dd conv=fsync on the same file system"
+  bench_comparison "node join on disk: tuned vs as the machine is" Gbit/s true \
+    "join, tuned" "$(bench_samples "${ta[@]}")" "join, as the machine is" "$(bench_samples "${da[@]}")"
+fi)
 EOC
 )
 
 jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
   --argjson join_mib "$join_mib" --argjson tree_mib "$tree_mib" --argjson trees "$trees" --argjson reps "$reps" \
   --argjson load_s "$load_s" --argjson failure_ms "$failure_ms" --argjson cpus "$(nproc)" --arg fs "$fs" \
-  --arg ddv "$(dd --version | head -n 1)" \
+  --arg ddv "$(dd --version | head -n 1)" --arg disk_fs "${disk_fs:-none}" \
+  --arg disk "${disk_why:-joiner data dir and dd under BENCH_DISK_DIR=$disk_base}" \
+  --arg tuning "${tune_why:-hw/join-tuning.sh apply/restore around each tuned sample: vm.dirty_expire_centisecs 6000, vm.dirty_ratio 80, vm.dirty_background_ratio 40, deadline I/O scheduler}" \
   '{scenario: "join_dd",
     title: "Node join (4th node receives its trees) vs dd of the same bytes",
-    path: "join: tcp://127.0.0.1 kernel loopback (no NIC) between 4 canopy nodes, snapshots written to BENCH_WORK (tmpfs); dd: /dev/zero -> a file on the same tmpfs, no network",
+    path: "join: tcp://127.0.0.1 kernel loopback (no NIC) between 4 canopy nodes, snapshots written to BENCH_WORK (tmpfs) and, in the disk rows, to BENCH_DISK_DIR on a block device; dd: /dev/zero -> a file on the same file system, no network",
     params: {join_mib_planned: $join_mib, tree_mib: $tree_mib, trees_in_cluster: $trees, reps: $reps,
              replication: "RF 3, metadata raft on nodes 1-3, the joiner joins through its seeds",
              sources: "3 nodes loaded once with --cl ALL and --fsync none, restarted from copies of their data dirs for every join",
              install_fsync: "finish (the default: one fsync per tree file once complete)",
              dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
-             failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s, order: "per rep: join, dd",
+             failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,
+             order: "per rep: join, dd (tmpfs); join, dd on disk; join, dd on disk tuned",
+             disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning,
+             join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
              metric: "decimal Gbit/s: joiner data dir bytes (du -sb) * 8 / (joiner start .. its last installed snapshot log line, ms resolution) / 1e9; streaming: the same bytes over first receiving .. last installed snapshot line; dd: its bytes / its own seconds"},
     comparisons: $comparisons,
     details: {dd_version: $ddv, runs: $runs}}' > "$BENCH_OUT"
