@@ -19,8 +19,8 @@ PACKAGES=(
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
   # a real Prometheus scraping a test cluster (tests/metrics_test.cc)
   prometheus
-  # packaging test (tests/packaging_test.sh: dpkg-deb, fakeroot)
-  dpkg-dev fakeroot file
+  # the .deb (cpack -G DEB: dpkg-shlibdeps finds its Depends, file spots the ELF binaries)
+  dpkg-dev file
   # replication benchmark peer (bench/scenarios/commits_etcd.sh)
   etcd-server etcd-client
   # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)
