@@ -12,12 +12,14 @@ int LevelIndex(ConsistencyLevel level) {
   return 1;
 }
 
-const char* OutcomeName(StatusCode code) {
+// Index into NodeMetrics::commits_[level][...] and its label value.
+constexpr const char* kOutcomes[] = {"ok", "timeout", "conflict", "error"};
+int OutcomeIndex(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kConflict: return "conflict";
-    default: return "error";
+    case StatusCode::kOk: return 0;
+    case StatusCode::kTimeout: return 1;
+    case StatusCode::kConflict: return 2;
+    default: return 3;
   }
 }
 
@@ -41,6 +43,11 @@ NodeMetrics::NodeMetrics(const std::string& node_id)
       failovers_(metrics::GetCounter("canopy_failovers_total", "Leader takeovers this node won.",
                                      {{"node", node_id}})) {
   for (ConsistencyLevel level : {ConsistencyLevel::kOne, ConsistencyLevel::kQuorum, ConsistencyLevel::kAll}) {
+    for (int outcome = 0; outcome < 4; ++outcome) {
+      commits_[LevelIndex(level)][outcome] = &metrics::GetCounter(
+          "canopy_commits_total", "Commits answered by this node as leader.",
+          {{"node", node_id}, {"consistency", ConsistencyLevelName(level)}, {"outcome", kOutcomes[outcome]}});
+    }
     latency_[LevelIndex(level)] = &metrics::GetHistogram(
         "canopy_commit_latency_seconds", "Commit latency on the leader, request to answer, by consistency level.",
         metrics::LatencyBuckets(), {{"node", node_id}, {"consistency", ConsistencyLevelName(level)}});
@@ -48,11 +55,7 @@ NodeMetrics::NodeMetrics(const std::string& node_id)
 }
 
 void NodeMetrics::Commit(ConsistencyLevel level, StatusCode outcome, std::chrono::duration<double> latency) {
-  // The outcome varies per commit: look the series up (a short lock); the
-  // latency histogram is cached.
-  metrics::GetCounter("canopy_commits_total", "Commits answered by this node as leader.",
-                      {{"node", node_id_}, {"consistency", ConsistencyLevelName(level)}, {"outcome", OutcomeName(outcome)}})
-      .Increment();
+  commits_[LevelIndex(level)][OutcomeIndex(outcome)]->Increment();
   latency_[LevelIndex(level)]->Observe(latency.count());
 }
 

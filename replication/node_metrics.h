@@ -59,6 +59,7 @@ class NodeMetrics {
 
  private:
   const std::string node_id_;
+  prometheus::Counter* commits_[3][4];  // [level: ONE, QUORUM, ALL][outcome: ok, timeout, conflict, error]
   prometheus::Histogram* latency_[3];
   prometheus::Counter& snapshots_sent_;
   prometheus::Counter& snapshot_bytes_sent_;

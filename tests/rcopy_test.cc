@@ -1734,9 +1734,17 @@ TEST(RcopyCli, ServerExposesItsTotalsAsMetrics) {
   ASSERT_EQ(RunCommand(Rcopy() + " -q -P 2 -p " + port + " " + src.File("f") + " 127.0.0.1:f", &out), 0) << out;
   auto metrics_port = ReadFileToString(metrics_port_file);
   ASSERT_TRUE(metrics_port.ok());
+  // The server counts a transfer once its last stream detached, just after
+  // the client got its answer: scrape until it shows (bounded).
   canopy::testing::RawResponse response;
-  ASSERT_TRUE(canopy::testing::RoundTrip(static_cast<uint16_t>(std::stoul(*metrics_port)),
-                                         canopy::testing::Get("/metrics"), &response));
+  Deadline deadline = Deadline::After(std::chrono::seconds(5));
+  do {
+    response = canopy::testing::RawResponse();
+    ASSERT_TRUE(canopy::testing::RoundTrip(static_cast<uint16_t>(std::stoul(*metrics_port)),
+                                           canopy::testing::Get("/metrics"), &response));
+    if (response.body.find("canopy_rcopy_files_published_total 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (!deadline.expired());
   EXPECT_EQ(response.status, 200);
   EXPECT_NE(response.headers.Find("Content-Type")->find("text/plain; version=0.0.4"), std::string::npos);
   const std::string& text = response.body;
