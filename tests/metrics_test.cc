@@ -285,6 +285,17 @@ TEST(CanopyCli, NoCommandIsBadUsage) {
   EXPECT_EQ(RunCommand(BinaryPath("tools/canopy/canopy") + " --help", &out), 0);
   EXPECT_NE(out.find("usage: canopy COMMAND"), std::string::npos) << out;
   EXPECT_EQ(RunCommand(BinaryPath("tools/canopy/canopy") + " no-such-command", &out), 2);
+  // An unreachable node: the reason names it once.
+  TempDir dir;
+  ASSERT_TRUE(WriteFileAtomic(dir.File("secret"), "a secret of eight bytes or more\n").ok());
+  const std::string dead = "tcp://127.0.0.1:" + std::to_string(PickFreePort());
+  out.clear();
+  EXPECT_EQ(RunCommand(BinaryPath("tools/canopy/canopy") + " status --node " + dead + " --cluster c --secret-file " +
+                           dir.File("secret") + " --timeout-ms 2000",
+                       &out),
+            1);
+  EXPECT_NE(out.find("connect to " + dead), std::string::npos) << out;
+  EXPECT_EQ(out.find(dead), out.rfind(dead)) << out;
 }
 
 }  // namespace

@@ -114,7 +114,9 @@ std::unique_ptr<Client> ConnectClient(const ClientArgs& a) {
   o.secret = *secret;
   o.timeout = std::chrono::milliseconds(a.timeout_ms);
   auto c = Client::Connect(a.node, o);
-  if (!c.ok()) throw std::runtime_error("cannot connect to " + a.node + ": " + c.status().ToString());
+  // Client::Connect's errors name the node already (the transport's connect
+  // error, or "<uri>: <handshake error>").
+  if (!c.ok()) throw std::runtime_error(c.status().ToString());
   return std::move(*c);
 }
 
