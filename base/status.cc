@@ -46,7 +46,7 @@ std::string Status::ToString() const {
 }
 
 Status Status::WithContext(std::string_view context) const {
-  if (ok()) return *this;
+  if (ok() || context.empty()) return *this;
   std::string msg(context);
   msg += ": ";
   msg += state_->message;

@@ -67,7 +67,7 @@ class [[nodiscard]] Status {
   std::string ToString() const;
 
   // Returns a Status with the same code and "<context>: <message>".
-  // An ok Status stays ok.
+  // An ok Status stays ok; an empty context adds nothing.
   Status WithContext(std::string_view context) const;
 
   bool IsCorruption() const { return code() == StatusCode::kCorruption; }

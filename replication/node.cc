@@ -17,6 +17,7 @@
 #include "base/logging.h"
 #include "replication/handshake.h"
 #include "replication/meta/metadata.h"
+#include "replication/node_metrics.h"
 #include "replication/protocol.h"
 #include "transport/registry.h"
 
@@ -113,6 +114,10 @@ struct Node::Impl {
   std::set<transport::Connection*> open_conns;
   std::thread accept_thread;
   std::thread maintenance_thread;
+
+  // ---- metrics (node_metrics.h): hooks, and a refresher run when scraped ----
+  std::unique_ptr<NodeMetrics> metrics;
+  std::unique_ptr<canopy::metrics::Refresher> metrics_refresher;
 
   explicit Impl(const NodeOptions& o) : options(o), ring(o.ring) {}
   ~Impl() { Stop(); }
@@ -289,6 +294,8 @@ struct Node::Impl {
     transport::Endpoint ep = listener->local_endpoint();
     uri = ep.ToUri();
 
+    metrics = std::make_unique<NodeMetrics>(node_id);
+    metrics_refresher = std::make_unique<canopy::metrics::Refresher>([this] { RefreshMetrics(); });
     hs.cluster = options.cluster;
     hs.node_id = node_id;
     hs.secret = options.secret;
@@ -372,7 +379,20 @@ struct Node::Impl {
     maintenance_thread = std::thread([this] { MaintenanceLoop(); });
   }
 
+  // Sets the per-tree and per-replica gauges (metrics_refresher).
+  void RefreshMetrics() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [name, t] : trees) {
+      uint64_t latest = store->HasTree(name) ? store->LatestVersion(name).value_or(0) : 0;
+      Leadership l = LeadershipLocked(name);
+      metrics->SetTree(name, l.epoch, latest);
+      if (l.leader != node_id) continue;
+      for (const auto& [replica, acked] : t.acked) metrics->SetReplica(name, replica, acked, latest);
+    }
+  }
+
   void Stop() {
+    metrics_refresher.reset();  // no scrape reads the state being torn down
     {
       std::lock_guard<std::mutex> lock(threads_mu);
       if (stopping.exchange(true)) return;
@@ -626,14 +646,17 @@ struct Node::Impl {
     CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotBegin{tree_name, epoch, v.number()}));
     tree::SnapshotWriter writer(v, options.snapshot_chunk_bytes);
     uint64_t index = 0;
+    uint64_t bytes = 0;
     std::string chunk;  // one buffer for the whole stream, handed back after each send
     while (writer.NextInto(&chunk)) {
+      bytes += chunk.size();
       SnapshotChunk c{tree_name, epoch, index++, std::move(chunk)};
       CANOPY_RETURN_IF_ERROR(SendMessage(conn, c));
       chunk = std::move(c.data);
     }
     CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotEnd{tree_name, epoch, v.number(), index}));
     *sent = v.number();
+    metrics->SnapshotSent(bytes);
     std::lock_guard<std::mutex> lock(mu);
     ++trees[tree_name].snapshots_sent;
     return Status::Ok();
@@ -779,6 +802,7 @@ struct Node::Impl {
       CANOPY_LOG(kInfo, "node {}: takeover of {} failed: {}", node_id, tree_name, epoch.status().ToString());
       return;
     }
+    metrics->Failover();
     std::lock_guard<std::mutex> lock(mu);
     auto& t = trees[tree_name];
     t.predecessor_epoch = my_epoch;
@@ -829,6 +853,7 @@ struct Node::Impl {
     CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
     std::unique_ptr<tree::SnapshotInstaller> installer;
     uint64_t expected_chunk = 0;
+    uint64_t snapshot_bytes = 0;  // of the snapshot being installed (metrics)
     auto last_message = Clock::now();
     auto last_keepalive = Clock::now();
     auto check_epoch = [&](uint64_t msg_epoch) -> Status {
@@ -881,6 +906,7 @@ struct Node::Impl {
                      leader);
           CANOPY_ASSIGN_OR_RETURN(installer, store->BeginSnapshotInstall(tree_name));
           expected_chunk = 0;
+          snapshot_bytes = 0;
           break;
         }
         case MessageType::kSnapshotChunk: {
@@ -889,6 +915,7 @@ struct Node::Impl {
           if (c.epoch != epoch) return Status::Conflict("SNAPSHOT_CHUNK of another epoch: refused");
           if (c.index != expected_chunk++) return Status::Corruption("snapshot chunk out of order");
           CANOPY_RETURN_IF_ERROR(installer->AddChunk(c.data));
+          snapshot_bytes += c.data.size();
           // While chunks keep arriving this loop never times out, so nothing
           // else tells the leader we are alive; a long snapshot would then be
           // dropped after failure_timeout and restarted from scratch. Repeat
@@ -912,6 +939,7 @@ struct Node::Impl {
             ++trees[tree_name].snapshots_received;
           }
           ++snapshots_installed;
+          metrics->SnapshotInstalled(snapshot_bytes);
           CANOPY_LOG(kInfo, "node {}: installed snapshot of {} at version {}", node_id, tree_name, v.number());
           CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
           break;
@@ -1096,6 +1124,7 @@ struct Node::Impl {
   CommitReply HandleCommit(const CommitRequest& req) {
     CommitReply reply;
     if (NotLeader(req.tree, &reply.status, &reply.leader)) return reply;
+    NodeMetrics::ScopedCommit observe_commit(*metrics, req.level, &reply.status);
     Result<tree::CommitResult> committed = Status::Internal("no attempt");
     for (int attempt = 0; attempt < 16; ++attempt) {
       auto txn = store->Begin(req.tree);

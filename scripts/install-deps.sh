@@ -10,12 +10,17 @@ PACKAGES=(
   # libraries
   libboost-program-options-dev libgtest-dev libgmock-dev libisal-dev libxxhash-dev
   libssl-dev nlohmann-json3-dev libfmt-dev libraft-dev libuv1-dev
+  prometheus-cpp-dev  # metrics model + text exposition format (base/metrics.h)
   # RDMA (rdma-core) and DPDK backends
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils
   perftest  # ib_write_bw / ib_send_bw, the peers of bench/scenarios/rdma_perftest.sh
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
+  # a real Prometheus scraping a test cluster (tests/metrics_test.cc)
+  prometheus
+  # the .deb (cpack -G DEB: dpkg-shlibdeps finds its Depends, file spots the ELF binaries)
+  dpkg-dev file
   # replication benchmark peer (bench/scenarios/commits_etcd.sh)
   etcd-server etcd-client
   # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)

@@ -4,12 +4,15 @@
 
 #include <csignal>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "base/coding.h"
 #include "base/crc32c.h"
 #include "base/file.h"
+#include "base/metrics.h"
 #include "base/result.h"
 #include "base/status.h"
 #include "base/units.h"
@@ -27,6 +30,7 @@ TEST(StatusTest, OkAndErrors) {
   EXPECT_TRUE(bad.IsCorruption());
   EXPECT_EQ(bad.ToString(), "Corruption: bad crc");
   EXPECT_EQ(bad.WithContext("wal-1").message(), "wal-1: bad crc");
+  EXPECT_EQ(bad.WithContext("").message(), "bad crc");
   EXPECT_EQ(ErrnoStatus(ENOSPC, "write x").code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(ErrnoStatus(ECONNREFUSED, "connect").code(), StatusCode::kUnavailable);
 }
@@ -157,6 +161,53 @@ TEST(UnitsTest, ParseAndFormatBitRates) {
   EXPECT_EQ(FormatBitRate(950), "950 bit/s");
   EXPECT_EQ(FormatBitRate(80'000'000), "80.0 Mbit/s");
   EXPECT_EQ(FormatBitRate(2'500'000'000), "2.50 Gbit/s");
+}
+
+}  // namespace
+}  // namespace canopy
+
+namespace canopy {
+namespace {
+
+// ------------------------------------------------------------------ metrics
+
+TEST(MetricsTest, ExpositionHasCountersGaugesHistogramsAndLabels) {
+  auto& ok = metrics::GetCounter("canopy_test_ops_total", "Operations done.", {{"outcome", "ok"}});
+  auto& bad = metrics::GetCounter("canopy_test_ops_total", "Operations done.", {{"outcome", "error"}});
+  EXPECT_EQ(&ok, &metrics::GetCounter("canopy_test_ops_total", "Operations done.", {{"outcome", "ok"}}));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) ok.Increment();
+    });
+  }
+  for (auto& t : threads) t.join();
+  bad.Increment(2);
+  auto& latency = metrics::GetHistogram("canopy_test_latency_seconds", "Latency.", metrics::LatencyBuckets());
+  latency.Observe(0.0003);
+  latency.Observe(3);
+  double refreshed_value = 0;
+  std::string text;
+  {
+    metrics::Refresher refresher([&] {
+      metrics::GetGauge("canopy_test_level", "A level set when scraped.").Set(refreshed_value);
+    });
+    refreshed_value = 42;
+    text = metrics::Exposition();
+  }
+  EXPECT_NE(text.find("# HELP canopy_test_ops_total Operations done."), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE canopy_test_ops_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_ops_total{outcome=\"ok\"} 4000"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_ops_total{outcome=\"error\"} 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("# TYPE canopy_test_latency_seconds histogram"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_latency_seconds_bucket{le=\"0.0005\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_latency_seconds_bucket{le=\"+Inf\"} 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_latency_seconds_count 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_test_level 42"), std::string::npos) << text;
+  // The refresher is gone: the gauge keeps its last value, nothing calls back.
+  refreshed_value = 7;
+  EXPECT_NE(metrics::Exposition().find("canopy_test_level 42"), std::string::npos);
+  EXPECT_THROW(canopy::metrics::GetGauge("canopy_test_ops_total", "Not a gauge."), std::invalid_argument);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file.h"
+#include "tests/http_test_util.h"
 #include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
 #include "tools/bench/perftest.h"
@@ -493,6 +494,39 @@ TEST(BenchCli, TinySweepJson) {
 }
 
 // -R, --bidir, -i, --bytes, --omit and -a, each validated against the schema.
+// bench --server --metrics: clients served and the transport's totals in the
+// Prometheus text format.
+TEST(BenchCli, ServerExposesItsTotalsAsMetrics) {
+  TempDir dir;
+  const std::string metrics_port_file = dir.File("metrics-port");
+  ServerProcess server({"--metrics", "127.0.0.1:0", "--metrics-port-file", metrics_port_file});
+  ASSERT_FALSE(server.port().empty()) << "bench server did not start";
+  std::string out;
+  ASSERT_EQ(RunCommand("{ " + Bench() + " --json -s 1K -n 4 -t 0.05 --warmup 1 -p " + server.port() +
+                           " 127.0.0.1 2>/dev/null; }",
+                       &out),
+            0)
+      << out;
+  auto port = ReadFileToString(metrics_port_file);
+  ASSERT_TRUE(port.ok());
+  std::string text;
+  // The server counts the client once its session ended.
+  Deadline deadline = Deadline::After(std::chrono::seconds(5));
+  do {
+    canopy::testing::RawResponse response;
+    ASSERT_TRUE(canopy::testing::RoundTrip(static_cast<uint16_t>(std::stoul(*port)), canopy::testing::Get("/metrics"),
+                                           &response));
+    ASSERT_EQ(response.status, 200);
+    text = response.body;
+    if (text.find("canopy_bench_clients_total{outcome=\"served\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (!deadline.expired());
+  EXPECT_NE(text.find("canopy_bench_clients_total{outcome=\"served\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_bench_clients_active 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_transport_bytes_total{direction=\"received\",scheme=\"tcp\"}"), std::string::npos)
+      << text;
+}
+
 TEST(BenchCli, ModesConformToTheSchema) {
   ServerProcess server({"-a", "0"});
   ASSERT_FALSE(server.port().empty()) << "bench server did not start";

@@ -443,8 +443,8 @@ TEST_F(HttpToolsTest, GetJsonConformsToTheSchemaInEveryOutcome) {
   auto j = nlohmann::json::parse(out);
   EXPECT_TRUE(j["ok"].get<bool>());
   EXPECT_EQ(j["units"]["gbit_per_s"], "decimal Gbit/s (10^9 bit/s)");
-  // 404: an error status, not retried, exit status 1.
-  EXPECT_EQ(RunStdout(get, httpd_.Url("/missing") + " -O " + dir_.File("404") + " --tries 3 --json", &out), 1);
+  // 404: an error status, not retried, exit status 8 (wget's "server error response").
+  EXPECT_EQ(RunStdout(get, httpd_.Url("/missing") + " -O " + dir_.File("404") + " --tries 3 --json", &out), 8);
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   j = nlohmann::json::parse(out);
   EXPECT_FALSE(j["ok"].get<bool>());
@@ -452,9 +452,9 @@ TEST_F(HttpToolsTest, GetJsonConformsToTheSchemaInEveryOutcome) {
   EXPECT_EQ(j["status"], 404);
   EXPECT_EQ(j["attempts"], 1);
   EXPECT_NE(j["error"].get<std::string>().find("404"), std::string::npos) << out;
-  // Nothing listens: connect.
+  // Nothing listens: connect, exit status 4 (wget's "network failure").
   std::string dead = "http://127.0.0.1:" + std::to_string(ClosedPort()) + "/x";
-  EXPECT_EQ(RunStdout(get, dead + " -O " + dir_.File("dead") + " --tries 1 --json", &out), 1);
+  EXPECT_EQ(RunStdout(get, dead + " -O " + dir_.File("dead") + " --tries 1 --json", &out), 4);
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   j = nlohmann::json::parse(out);
   EXPECT_EQ(j["error_code"], "connect");
@@ -471,19 +471,20 @@ TEST_F(HttpToolsTest, GetJsonConformsToTheSchemaInEveryOutcome) {
   ::getsockname(mute.get(), reinterpret_cast<sockaddr*>(&a), &len);
   std::string mute_url = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/x";
   auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(RunStdout(get, mute_url + " -O " + dir_.File("mute") + " --tries 1 --timeout 0.3 --json", &out), 1);
+  EXPECT_EQ(RunStdout(get, mute_url + " -O " + dir_.File("mute") + " --tries 1 --timeout 0.3 --json", &out), 4);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   EXPECT_EQ(nlohmann::json::parse(out)["error_code"], "timeout") << out;
-  // Redirect loop, and an output file that cannot be created.
+  // Redirect loop (exit status 7, wget's "protocol error"), and an output
+  // file that cannot be created (3, wget's "file I/O error").
   IgnoresRangeHandler handler("content");
   InProcessServer server(&handler);
-  EXPECT_EQ(RunStdout(get, server.Url("/loop") + " -O " + dir_.File("loop") + " --max-redirect 2 --json", &out), 1);
+  EXPECT_EQ(RunStdout(get, server.Url("/loop") + " -O " + dir_.File("loop") + " --max-redirect 2 --json", &out), 7);
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   j = nlohmann::json::parse(out);
   EXPECT_EQ(j["error_code"], "redirects");
   EXPECT_EQ(j["redirects"], 2);
-  EXPECT_EQ(RunStdout(get, server.Url("/x") + " -O " + dir_.File("no/such/dir/f") + " --json", &out), 1);
+  EXPECT_EQ(RunStdout(get, server.Url("/x") + " -O " + dir_.File("no/such/dir/f") + " --json", &out), 3);
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   EXPECT_EQ(nlohmann::json::parse(out)["error_code"], "file") << out;
   // Usage errors: exit status 2 and one JSON document with "usage": true.
@@ -585,6 +586,35 @@ TEST_F(HttpToolsTest, LoadWarmupRequestsAreMadeButLeftOut) {
   EXPECT_LT(j["seconds"].get<double>(), 0.3 + 10);
 }
 
+// A dead port during --warmup (no request budget ends it) and a --duration
+// run: each connection backs off after a refused connect (1 ms, doubling up
+// to 100 ms) instead of dialling again in a tight loop (issue 19).
+TEST_F(HttpToolsTest, LoadBacksOffFromADeadPortDuringWarmup) {
+  IgnoresRangeHandler none("");
+  uint16_t dead_port;
+  {
+    InProcessServer s(&none);
+    dead_port = s.port();
+  }
+  std::string out;
+  auto start = std::chrono::steady_clock::now();
+  int rc = RunStdout("tools/load/load",
+                     "-c 2 -t 1 --warmup 1 --duration 1 --json http://127.0.0.1:" + std::to_string(dead_port) + "/",
+                     &out);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_EQ(JsonConforms(LoadSchema(), out), "") << out;
+  auto j = nlohmann::json::parse(out);
+  // 2 connections for 1 s each: about 2 x 13 tries with the back-off, not
+  // the hundreds of thousands of a tight loop.
+  uint64_t warmup_errors = j["warmup"]["errors"].get<uint64_t>();
+  EXPECT_GE(warmup_errors, 2u) << out;
+  EXPECT_LE(warmup_errors, 100u) << out;
+  uint64_t connect_errors = j["errors"]["connect"].get<uint64_t>();
+  EXPECT_GE(connect_errors, 1u) << out;
+  EXPECT_LE(connect_errors, 100u) << out;
+}
+
 TEST_F(HttpToolsTest, LoadIntervalsAddUpAndCpuIsReported) {
   SlowHandler slow(std::chrono::milliseconds(5));
   InProcessServer server(&slow);
@@ -673,8 +703,9 @@ TEST_F(HttpToolsTest, ToolsReportTheRefusalBeyondMaxConnections) {
   ASSERT_EQ(first.status, 200);
   std::string out;
   auto start = std::chrono::steady_clock::now();
+  // 503: a server error response, wget's exit status 8.
   EXPECT_EQ(RunStdout("tools/get/get", full.Url("/file.bin") + " -O " + dir_.File("busy") + " --tries 1 --json", &out),
-            1);
+            8);
   EXPECT_EQ(JsonConforms(GetSchema(), out), "") << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_EQ(j["status"], 503);

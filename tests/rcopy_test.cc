@@ -18,8 +18,10 @@
 
 #include "base/coding.h"
 #include "base/file.h"
+#include "tests/http_test_util.h"
 #include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
+#include "tools/rcopy/batch.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/client.h"
 #include "tools/rcopy/file_list.h"
@@ -561,6 +563,85 @@ TEST_F(RcopyServerTest, ProtocolViolationsGetAnErrorResult) {
   EXPECT_TRUE(NoTempFilesWithin(std::chrono::seconds(5)));
 }
 
+// A stream that connects after its transfer failed on another stream is told
+// the first failure (its code and reason), not only that it came too late:
+// the client reports whichever stream's answer it reads (issue 19).
+TEST_F(RcopyServerTest, LateStreamOfAFailedTransferGetsTheFirstFailure) {
+  const uint64_t size = 3 * kRangeAlignment;
+  OpenRequest open = OpenFor("late", size);
+  open.streams = 2;
+  const ByteRange first_range = SplitRange(size, 2, 0);
+  const ByteRange second_range = SplitRange(size, 2, 1);
+  ASSERT_GT(second_range.length, 0u);
+  open.range_length = first_range.length;
+  {
+    RawClient first(port_);  // stream 1 of 2 sends DATA beyond its range: Corruption
+    ASSERT_TRUE(first.conn->Send(kMsgOpen, EncodeOpen(open)).ok());
+    auto accepted = first.ReadResult();
+    ASSERT_TRUE(accepted.ok() && accepted->ok()) << accepted.status().ToString() << " " << accepted->text;
+    std::string bytes(first_range.length + 1, 'x');
+    ASSERT_TRUE(first.conn->SendWithBulk(kMsgData, EncodeData(DataHeader{0}),
+                                         transport::BulkSource::FromMemory(bytes))
+                    .ok());
+    auto result = first.ReadResult();
+    ASSERT_TRUE(result.ok()) << result.status().ToString();
+    EXPECT_EQ(result->code, StatusCode::kCorruption);
+  }
+  Deadline deadline = Deadline::After(std::chrono::seconds(5));
+  while (server_->stats().transfers_failed == 0 && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(server_->stats().transfers_failed, 1u);
+  RawClient late(port_);  // stream 2 of 2 arrives after the transfer failed
+  open.stream_index = 1;
+  open.range_offset = second_range.offset;
+  open.range_length = second_range.length;
+  ASSERT_TRUE(late.conn->Send(kMsgOpen, EncodeOpen(open)).ok());
+  auto result = late.ReadResult();
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(result->code, StatusCode::kCorruption) << result->text;
+  EXPECT_NE(result->text.find("already failed on another stream"), std::string::npos) << result->text;
+  EXPECT_NE(result->text.find("does not fit"), std::string::npos) << result->text;
+  EXPECT_FALSE(fs::exists(root_.File("late")));
+}
+
+// A QUERY never takes the temporary file of a live transfer (it is locked):
+// only orphans of a dead server become partial files.
+TEST_F(RcopyServerTest, ResumeQueryLeavesALiveTransfersTemporaryFileAlone) {
+  std::string bytes = RandomBytes(100000, 9);
+  RawClient live(port_);
+  ASSERT_TRUE(live.conn->Send(kMsgOpen, EncodeOpen(OpenFor("busy", 2 * bytes.size()))).ok());
+  auto accepted = live.ReadResult();
+  ASSERT_TRUE(accepted.ok() && accepted->ok());
+  ASSERT_TRUE(live.conn->SendWithBulk(kMsgData, EncodeData(DataHeader{0}),
+                                      transport::BulkSource::FromMemory(bytes))
+                  .ok());
+  Deadline deadline = Deadline::After(std::chrono::seconds(5));
+  while (server_->stats().bytes_received < bytes.size() && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(TempFiles().size(), 1u);
+  std::string source = WriteSource("busy", 2 * bytes.size(), 10);
+  ClientOptions o = Options(source, "busy");
+  o.resume = true;
+  o.streams = 2;
+  CopyReport report = CopyFile(o);  // a second copy of the same name meanwhile
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(report.resume, ResumeOutcome::kNothing);
+  EXPECT_EQ(ReadAll(root_.File("busy")), ReadAll(source));
+  // The live transfer still goes on, and publishes its own bytes over it.
+  ASSERT_TRUE(live.conn->SendWithBulk(kMsgData, EncodeData(DataHeader{bytes.size()}),
+                                      transport::BulkSource::FromMemory(bytes))
+                  .ok());
+  ASSERT_TRUE(live.conn->Send(kMsgCommit, EncodeCommit(CommitRequest{2 * bytes.size(), ChecksumAlgorithm::kNone, 0}))
+                  .ok());
+  auto result = live.ReadResult();
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_TRUE(result->ok()) << result->text;
+  EXPECT_EQ(ReadAll(root_.File("busy")), bytes + bytes);
+  EXPECT_TRUE(NoTempFilesWithin(std::chrono::seconds(5)));
+}
+
 TEST_F(RcopyServerTest, IdleConnectionIsDroppedAndItsFileRemoved) {
   server_.reset();
   StartServer(std::chrono::milliseconds(300));
@@ -661,7 +742,11 @@ TEST(RcopyCli, UnreachableServerIsAClearError) {
                           " 127.0.0.1:f",
                       &out);
   EXPECT_EQ(rc, 1) << out;
-  EXPECT_NE(out.find("connect to tcp://127.0.0.1:" + std::to_string(port)), std::string::npos) << out;
+  const std::string connect_text = "connect to tcp://127.0.0.1:" + std::to_string(port);
+  EXPECT_NE(out.find(connect_text), std::string::npos) << out;
+  // Each layer adds only what it knows: the server is named once.
+  EXPECT_EQ(out.find(connect_text), out.rfind(connect_text)) << out;
+  EXPECT_EQ(out.find(": :"), std::string::npos) << out;
   EXPECT_NE(out.find("Unavailable"), std::string::npos) << out;
 
   std::string json_out;
@@ -952,8 +1037,10 @@ bool AppearsWithin(const std::string& path, std::chrono::milliseconds limit) {
 
 // Starts a transfer by hand and sends `sent[i]` bytes of stream i's range in
 // chunks of `chunk`, then disconnects every stream: an interrupted copy.
-void InterruptedTransfer(uint16_t port, const std::string& name, const std::string& bytes, uint16_t streams,
+void InterruptedTransfer(Server& server, const std::string& name, const std::string& bytes, uint16_t streams,
                          const std::vector<uint64_t>& sent, uint64_t chunk, uint32_t flags = kOpenFlagKeepPartial) {
+  const uint16_t port = server.local_endpoint().port;
+  const uint64_t received_before = server.stats().bytes_received;
   static std::atomic<uint64_t> next_id{0x7000};
   const uint64_t id = next_id++;
   std::vector<std::unique_ptr<RawClient>> clients;
@@ -984,7 +1071,15 @@ void InterruptedTransfer(uint16_t port, const std::string& name, const std::stri
     }
     clients.push_back(std::move(client));
   }
-  // The server reads every byte sent before it sees the end of the stream.
+  // Each stream reads every byte sent before it sees its end of stream, but
+  // the first stream to see it ends the transfer for the others: wait until
+  // the server has read all that was sent.
+  uint64_t total = 0;
+  for (uint64_t n : sent) total += n;
+  Deadline deadline = Deadline::After(std::chrono::seconds(10));
+  while (server.stats().bytes_received < received_before + total && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   for (auto& c : clients) c->conn->Close();
 }
 
@@ -992,7 +1087,7 @@ TEST_F(RcopyServerTest, InterruptedCopyKeepsItsPrefixAndResumeSendsTheRest) {
   const size_t size = 1 << 20;
   std::string source = WriteSource("r", size, 31);
   std::string bytes = ReadAll(source);
-  InterruptedTransfer(port_, "sub/r", bytes, 1, {3 * 65536}, 65536);
+  InterruptedTransfer(*server_, "sub/r", bytes, 1, {3 * 65536}, 65536);
   const std::string partial = root_.File("sub/.r.rcopy-partial");
   ASSERT_TRUE(AppearsWithin(partial, std::chrono::seconds(10)));
   EXPECT_FALSE(fs::exists(root_.File("sub/r")));
@@ -1022,7 +1117,7 @@ TEST_F(RcopyServerTest, InterruptedParallelCopyKeepsOnlyTheContiguousPrefix) {
   ByteRange first = SplitRange(size, 3, 0);
   // Stream 1 complete, stream 2 half way, stream 3 a little: the prefix ends
   // where stream 2 stopped.
-  InterruptedTransfer(port_, "p", bytes, 3, {first.length, 65536, 4096}, 16384);
+  InterruptedTransfer(*server_, "p", bytes, 3, {first.length, 65536, 4096}, 16384);
   const std::string partial = root_.File(".p.rcopy-partial");
   ASSERT_TRUE(AppearsWithin(partial, std::chrono::seconds(10)));
   EXPECT_EQ(TempFiles(), std::vector<std::string>{partial});  // the temporary file became the partial one
@@ -1135,7 +1230,7 @@ TEST_F(RcopyServerTest, OnlyInterruptionsKeepAPartialFile) {
   EXPECT_TRUE(NoTempFilesWithin(std::chrono::seconds(5)));
 
   // Stopping the server interrupts a transfer: what arrived is kept.
-  InterruptedTransfer(port_, "unused", bytes, 1, {0}, 4096);  // nothing arrived: nothing kept
+  InterruptedTransfer(*server_, "unused", bytes, 1, {0}, 4096);  // nothing arrived: nothing kept
   RawClient client(port_);
   ASSERT_TRUE(client.conn->Send(kMsgOpen, EncodeOpen(OpenFor("s", bytes.size(), kOpenFlagKeepPartial))).ok());
   ASSERT_TRUE(client.ReadResult().ok());
@@ -1201,7 +1296,10 @@ TEST_F(RcopyServerTest, RateLimitIsHeld) {
     ASSERT_TRUE(report.status.ok()) << report.status.ToString();
     double achieved = static_cast<double>(report.bytes_sent) * 8 / report.seconds;
     EXPECT_LE(achieved, limit * 1.10) << streams << " streams, " << report.seconds << " s";
-    EXPECT_GE(achieved, limit * 0.90) << streams << " streams, " << report.seconds << " s";
+    // The limit is a ceiling: a pacer thread that wakes late (a loaded
+    // machine) forfeits credit older than 20 ms rather than bursting past the
+    // rate, so only gross over-throttling is a failure here.
+    EXPECT_GE(achieved, limit * 0.50) << streams << " streams, " << report.seconds << " s";
     EXPECT_LT(report.seconds, 2.0);
     EXPECT_EQ(report.chunk_bytes, 64u << 10);  // 20 ms at 80 Mbit/s is more than the 64 KiB chunk
   }
@@ -1333,6 +1431,50 @@ TEST_F(RcopyServerTest, CliCopiesManyFilesAndTrees) {
   EXPECT_NE(out.find("rcopy: 2 files (0 failed), 70000 bytes sent"), std::string::npos) << out;
 }
 
+// Several files with -P 4: four copies in flight at once, one connection
+// each (the server saw them together), every file byte-exact; a failure that
+// concerns the server stops the run and no further file starts.
+TEST_F(RcopyServerTest, BatchUsesTheStreamsAcrossFiles) {
+  CopyPlan plan;
+  plan.destination_is_directory = true;
+  std::vector<std::string> sources;
+  for (int i = 0; i < 6; ++i) {
+    sources.push_back(WriteSource("f" + std::to_string(i), 50000, 300 + i));
+    plan.items.push_back(CopyItem{sources.back(), "many/f" + std::to_string(i), Status::Ok()});
+  }
+  CopyBatchOptions batch;
+  batch.client = Options("", "");
+  batch.client.streams = 4;
+  // 50000 bytes at 1 Mbit/s: >= 0.4 s per file, so the copies overlap.
+  batch.client.rate_bits_per_second = 1'000'000;
+  std::vector<size_t> done_order;
+  batch.on_file_done = [&](size_t index, const CopyReport&) { done_order.push_back(index); };
+  CopyBatchResult result = CopyBatch(plan, batch);
+  ASSERT_EQ(result.failed, 0u) << result.first_failure.ToString();
+  EXPECT_EQ(result.not_attempted, 0u);
+  EXPECT_EQ(done_order.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(result.reports[i].status.ok()) << i << ": " << result.reports[i].status.ToString();
+    EXPECT_EQ(result.reports[i].streams, 1) << i;
+    EXPECT_EQ(ReadAll(root_.File("many/f" + std::to_string(i))), ReadAll(sources[i])) << i;
+  }
+  EXPECT_GE(result.peak_files_at_once, 2u);
+  EXPECT_LE(result.peak_files_at_once, 4u);
+  EXPECT_GE(server_->stats().peak_active_connections, 2u);
+
+  // The server goes away: the first copies fail with Unavailable, and the run
+  // stops instead of trying every other file.
+  server_.reset();
+  batch.client.rate_bits_per_second = 0;
+  batch.client.streams = 2;
+  batch.client.transport.connect_timeout = std::chrono::seconds(2);
+  result = CopyBatch(plan, batch);
+  EXPECT_EQ(result.first_failure.code(), StatusCode::kUnavailable) << result.first_failure.ToString();
+  EXPECT_GE(result.failed, 1u);
+  EXPECT_LE(result.failed, 2u);
+  EXPECT_EQ(result.failed + result.not_attempted, 6u);
+}
+
 TEST_F(RcopyServerTest, CliPerFileFailuresAreReportedAndTheRunGoesOn) {
   std::string one = WriteSource("one", 5000, 63);
   std::string out;
@@ -1410,10 +1552,10 @@ class ServerProcess {
     return text.ok() ? text->substr(0, text->find('\n')) : std::string();
   }
 
-  // SIGTERM and wait; returns the wait status (-1 on timeout).
-  int Stop() {
+  // SIGTERM (or `signal`) and wait; returns the wait status (-1 on timeout).
+  int Stop(int signal = SIGTERM) {
     if (pid_ <= 0) return status_;
-    ::kill(pid_, SIGTERM);
+    ::kill(pid_, signal);
     status_ = canopy::testing::WaitChild(pid_, std::chrono::seconds(10));
     pid_ = -1;
     return status_;
@@ -1506,6 +1648,119 @@ TEST(RcopyCli, KilledCopyIsResumedFromItsPartialFile) {
   EXPECT_EQ(ReadWhole(root.File("big")), bytes);
 
   EXPECT_EQ(server.Stop(), 0);
+}
+
+// A server killed with SIGKILL in the middle of a -P 2 copy leaves its
+// temporary file; the next --resume (served by a new server on the same root)
+// uses the part written from the start, checksum-verified, and sends only the
+// rest (issue 19).
+TEST(RcopyCli, TemporaryFileOfAKilledServerIsResumed) {
+  TempDir root;
+  TempDir src;
+  const size_t size = 4 << 20;
+  std::string bytes = RandomBytes(size, 71);
+  ASSERT_TRUE(WriteFileAtomic(src.File("big"), bytes).ok());
+  const std::string source = src.File("big");
+  const std::string binary = Rcopy();
+  auto temp_file = [&]() -> std::string {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root.path(), ec)) {
+      if (e.path().extension() == ".tmp") return e.path();
+    }
+    return "";
+  };
+  {
+    ServerProcess server(root.path(), {"--idle-timeout", "10"});
+    std::string port = server.WaitForPort();
+    ASSERT_FALSE(port.empty()) << "server did not start";
+    // A slow copy over 2 streams (40 Mbit/s in all: about 0.8 s).
+    pid_t client = canopy::testing::ForkChild([&]() -> int {
+      int null_fd = ::open("/dev/null", O_WRONLY);
+      ::dup2(null_fd, 1);
+      ::dup2(null_fd, 2);
+      ::execl(binary.c_str(), binary.c_str(), "-q", "-P", "2", "--rate", "40M", "--chunk", "64K", "-p",
+              port.c_str(), source.c_str(), "127.0.0.1:big", static_cast<char*>(nullptr));
+      return 91;
+    });
+    ASSERT_GT(client, 0);
+    // Stream 2 writes from 2 MiB on: wait until both streams wrote 256 KiB
+    // (stream 1's part ends at the first hole).
+    Deadline deadline = Deadline::After(std::chrono::seconds(10));
+    for (;;) {
+      std::error_code ec;
+      std::string temp = temp_file();
+      int fd = temp.empty() ? -1 : ::open(temp.c_str(), O_RDONLY | O_CLOEXEC);
+      off_t hole = fd < 0 ? 0 : ::lseek(fd, 0, SEEK_HOLE);
+      if (fd >= 0) ::close(fd);
+      if (hole >= (256 << 10) && fs::file_size(temp, ec) >= (2u << 20) + (256u << 10)) break;
+      ASSERT_FALSE(deadline.expired()) << "the copy did not progress";
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    int status = server.Stop(SIGKILL);
+    ASSERT_TRUE(WIFSIGNALED(status)) << status;
+    status = canopy::testing::WaitChild(client, std::chrono::seconds(20));
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  }
+  ASSERT_FALSE(temp_file().empty()) << "the killed server left no temporary file";
+  EXPECT_FALSE(fs::exists(root.File("big")));
+
+  ServerProcess server(root.path(), {"--idle-timeout", "10"});
+  std::string port = server.WaitForPort();
+  ASSERT_FALSE(port.empty()) << "server did not start";
+  std::string out;
+  int rc = RunStdout(binary + " --json --resume --verify -P 2 -p " + port + " " + source + " 127.0.0.1:big", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["resume"]["outcome"], "resumed") << out;
+  EXPECT_EQ(j["resume"]["base"], "partial") << out;
+  const uint64_t skipped = j["bytes_skipped"].get<uint64_t>();
+  EXPECT_GE(skipped, 64u << 10) << out;  // stream 1's part, at least one DATA message
+  EXPECT_LT(skipped, 2u << 20) << out;   // not stream 2's range: a hole came first
+  EXPECT_EQ(j["bytes_sent"].get<uint64_t>(), size - skipped);
+  EXPECT_EQ(ReadWhole(root.File("big")), bytes);
+  EXPECT_TRUE(temp_file().empty());
+  EXPECT_FALSE(fs::exists(root.File(".big.rcopy-partial")));
+  EXPECT_EQ(server.Stop(), 0);
+}
+
+// rcopy --server --metrics: its totals in the Prometheus text format.
+TEST(RcopyCli, ServerExposesItsTotalsAsMetrics) {
+  TempDir root;
+  TempDir src;
+  const std::string metrics_port_file = src.File("metrics-port");
+  ServerProcess server(root.path(), {"--metrics", "127.0.0.1:0", "--metrics-port-file", metrics_port_file});
+  std::string port = server.WaitForPort();
+  ASSERT_FALSE(port.empty()) << "server did not start";
+  ASSERT_TRUE(WriteFileAtomic(src.File("f"), RandomBytes(300000, 80)).ok());
+  std::string out;
+  ASSERT_EQ(RunCommand(Rcopy() + " -q -P 2 -p " + port + " " + src.File("f") + " 127.0.0.1:f", &out), 0) << out;
+  auto metrics_port = ReadFileToString(metrics_port_file);
+  ASSERT_TRUE(metrics_port.ok());
+  // The server counts a transfer once its last stream detached, just after
+  // the client got its answer: scrape until it shows (bounded).
+  canopy::testing::RawResponse response;
+  Deadline deadline = Deadline::After(std::chrono::seconds(5));
+  do {
+    response = canopy::testing::RawResponse();
+    ASSERT_TRUE(canopy::testing::RoundTrip(static_cast<uint16_t>(std::stoul(*metrics_port)),
+                                           canopy::testing::Get("/metrics"), &response));
+    if (response.body.find("canopy_rcopy_files_published_total 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (!deadline.expired());
+  EXPECT_EQ(response.status, 200);
+  EXPECT_NE(response.headers.Find("Content-Type")->find("text/plain; version=0.0.4"), std::string::npos);
+  const std::string& text = response.body;
+  EXPECT_NE(text.find("# TYPE canopy_rcopy_files_published_total counter"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_rcopy_files_published_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_rcopy_connections_total 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_rcopy_bytes_received_total 300000\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("canopy_transport_connections_total{direction=\"accepted\",scheme=\"tcp\"} 2"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(server.Stop(), 0);
+  // A client option is refused: --metrics belongs to the server.
+  EXPECT_EQ(RunCommand(Rcopy() + " --metrics 127.0.0.1:0 " + src.File("f") + " 127.0.0.1", &out), 2) << out;
 }
 
 TEST(RcopyCli, ServerStopsAfterMaxDuration) {

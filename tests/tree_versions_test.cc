@@ -40,9 +40,11 @@ std::string Compare(const ModelNode& want, const NodePtr& got, const std::string
     return where + ": " + std::to_string(got->attributes().size()) + " attributes, want " +
            std::to_string(want.attributes.size());
   }
-  for (const Attribute& a : got->attributes()) {
-    auto it = want.attributes.find(a.key);
-    if (it == want.attributes.end() || it->second != a.value) return where + ": attribute " + a.key + " differs";
+  for (AttributeView a : got->attributes()) {
+    auto it = want.attributes.find(std::string(a.key));
+    if (it == want.attributes.end() || it->second != a.value) {
+      return where + ": attribute " + std::string(a.key) + " differs";
+    }
   }
   if (got->child_count() != want.children.size()) {
     return where + ": " + std::to_string(got->child_count()) + " children, want " +

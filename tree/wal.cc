@@ -9,8 +9,10 @@
 #include <cstring>
 #include <utility>
 
+#include "base/clock.h"
 #include "base/coding.h"
 #include "base/file.h"
+#include "base/metrics.h"
 #include "tree/wal_impl.h"
 
 namespace canopy::tree {
@@ -49,9 +51,15 @@ bool ParseCheckpointName(std::string_view name, uint64_t* v) {
 }
 
 Status SyncData(int fd, std::string_view what) {
+  // Every WAL sync of the process (its trees and stores together).
+  static prometheus::Histogram& latency = metrics::GetHistogram(
+      "canopy_wal_fsync_seconds", "Time of each WAL fdatasync (group commit, segment rotation).",
+      metrics::LatencyBuckets());
+  Clock::time_point start = Clock::now();
   while (::fdatasync(fd) != 0) {
     if (errno != EINTR) return ErrnoStatus(errno, std::string("fdatasync ") + std::string(what));
   }
+  latency.Observe(std::chrono::duration<double>(Clock::now() - start).count());
   return Status::Ok();
 }
 

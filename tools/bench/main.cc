@@ -23,6 +23,7 @@
 #include "fmt/format.h"
 #include "tools/bench/perftest.h"
 #include "tools/cli/cli.h"
+#include "tools/http/metrics_endpoint.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -126,6 +127,24 @@ int RunServer(const po::variables_map& vm) {
       return kExitFailed;
     }
   }
+  // --metrics: clients served (canopy_bench_*) and the transport's totals.
+  std::unique_ptr<canopy::http::MetricsEndpoint> metrics_endpoint;
+  if (vm.count("metrics")) {
+    auto endpoint = canopy::http::MetricsEndpoint::Start(vm["metrics"].as<std::string>());
+    if (!endpoint.ok()) {
+      std::cerr << "bench: server: --metrics: " << endpoint.status().ToString() << "\n";
+      return kExitFailed;
+    }
+    metrics_endpoint = std::move(*endpoint);
+    if (vm.count("metrics-port-file")) {
+      Status written = canopy::WriteFileAtomic(vm["metrics-port-file"].as<std::string>(),
+                                               std::to_string(metrics_endpoint->port()) + "\n");
+      if (!written.ok()) {
+        std::cerr << "bench: server: " << written.ToString() << "\n";
+        return kExitFailed;
+      }
+    }
+  }
   if (!quiet) {
     std::cerr << "bench: server listening on " << bound.ToUri() << " (protocol version " << int{kProtocolVersion}
               << ", at most " << options.max_connections << " clients at once"
@@ -134,6 +153,7 @@ int RunServer(const po::variables_map& vm) {
   }
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
+  if (metrics_endpoint) metrics_endpoint->Stop();
   (*server)->Stop();
   if (!quiet) std::cerr << "bench: server stopped (signal " << signal_number << ")\n";
   return kExitOk;
@@ -428,7 +448,11 @@ int main(int argc, char** argv) {
        "end a client session longer than this many seconds with an error (0: no limit)")
       ("max-clients", po::value<int64_t>()->default_value(64),
        "serve this many clients at once; more are told the server is busy")
-      ("port-file", po::value<std::string>(), "write the bound port number to this file once listening");
+      ("port-file", po::value<std::string>(), "write the bound port number to this file once listening")
+      ("metrics", po::value<std::string>(),
+       "serve Prometheus metrics at http://ADDR/metrics, ADDR = IPv4:port or [IPv6]:port (port 0: any "
+       "free port, see --metrics-port-file): clients served and the transport's connections and bytes")
+      ("metrics-port-file", po::value<std::string>(), "write the metrics port to this file once listening");
   po::options_description hidden;
   hidden.add_options()("host", po::value<std::string>(), "");
   po::positional_options_description positional;

@@ -21,6 +21,7 @@
 #include "base/clock.h"
 #include "base/coding.h"
 #include "base/logging.h"
+#include "base/metrics.h"
 #include "fmt/format.h"
 #include "transport/registry.h"
 
@@ -705,15 +706,30 @@ class BenchServer::Impl {
       live_[id] = conn.get();
       lock.unlock();
       std::thread([this, id, busy, accepted_at, c = std::move(conn)]() mutable {
+        // Totals for `bench --server --metrics` (base/metrics.h); bytes and
+        // connections are the transport's canopy_transport_* counters.
+        static prometheus::Gauge& serving_now =
+            metrics::GetGauge("canopy_bench_clients_active", "Clients this bench server is serving now.");
+        auto count = [](const char* outcome) {
+          metrics::GetCounter("canopy_bench_clients_total", "Clients this bench server served, by outcome.",
+                              {{"outcome", outcome}})
+              .Increment();
+        };
         if (busy) {
           RejectAndDrain(*c, fmt::format("server busy: {} clients are being served, the most this server takes "
                                          "at once; try again later",
                                          options_.max_connections));
+          count("busy");
         } else {
+          serving_now.Increment();
           Status s = Serve(*c, accepted_at);
+          serving_now.Decrement();
           if (!s.ok() && !s.IsClosed() && s.code() != StatusCode::kAborted) {
             CANOPY_LOG(kWarn, "bench server: {}: {}", c->peer_uri(), s.ToString());
             RejectAndDrain(*c, s.ToString());
+            count("failed");
+          } else {
+            count("served");
           }
         }
         {

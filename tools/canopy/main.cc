@@ -2,6 +2,7 @@
 //
 //   canopy node --listen tcp://127.0.0.1:7001 --data /tmp/n1 --cluster demo --secret-file s
 //               [--seed tcp://127.0.0.1:7002 ...] [--http 127.0.0.1:8001 [--http-port-file F]]
+//               [--metrics 127.0.0.1:9101] [--config /etc/canopy/NAME.conf]
 //   canopy create-tree --node tcp://127.0.0.1:7001 --cluster demo --secret-file s --tree docs
 //   canopy commit --node URI ... --tree docs --cl QUORUM --append / --put /0:title=hello
 //   canopy read   --node URI ... --tree docs --path /0
@@ -18,7 +19,10 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -33,6 +37,7 @@
 #include "replication/node.h"
 #include "replication/protocol.h"
 #include "tools/canopy/board.h"
+#include "tools/http/metrics_endpoint.h"
 #include "tools/http/server.h"
 #include "transport/builtin.h"
 
@@ -74,7 +79,11 @@ void AddClientOptions(po::options_description& d, ClientArgs& a) {
       ("timeout-ms", po::value(&a.timeout_ms)->default_value(10000), "per-request timeout in milliseconds");
 }
 
-// Parses argv for one command; returns false when --help was printed.
+// Parses argv for one command; returns false when --help was printed. When
+// `d` has a "config" option and it is given, the options are also read from
+// that file (Boost's config-file syntax: "name = value" per line with the
+// long option names, '#' comments); the command line wins over the file,
+// repeatable options collect from both.
 bool Parse(int argc, char** argv, po::options_description& d, const char* usage) {
   d.add_options()("help,h", "print this help");
   po::variables_map vm;
@@ -83,6 +92,12 @@ bool Parse(int argc, char** argv, po::options_description& d, const char* usage)
     if (vm.count("help")) {
       std::cout << usage << "\n" << d << "\n";
       return false;
+    }
+    if (d.find_nothrow("config", false) != nullptr && vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream file(path);
+      if (!file) throw UsageError("--config: cannot read " + path + ": " + std::strerror(errno));
+      po::store(po::parse_config_file(file, d), vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
@@ -99,7 +114,9 @@ std::unique_ptr<Client> ConnectClient(const ClientArgs& a) {
   o.secret = *secret;
   o.timeout = std::chrono::milliseconds(a.timeout_ms);
   auto c = Client::Connect(a.node, o);
-  if (!c.ok()) throw std::runtime_error("cannot connect to " + a.node + ": " + c.status().ToString());
+  // Client::Connect's errors name the node already (the transport's connect
+  // error, or "<uri>: <handshake error>").
+  if (!c.ok()) throw std::runtime_error(c.status().ToString());
   return std::move(*c);
 }
 
@@ -143,7 +160,7 @@ void OnSignal(int) { g_stop = 1; }
 int RunNode(int argc, char** argv) {
   NodeOptions o;
   std::string secret, secret_file, fsync = "always", raft, uri_file, log_level;
-  std::string http_address, http_port_file;
+  std::string http_address, http_port_file, metrics_address, metrics_port_file, config_file;
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
@@ -193,6 +210,16 @@ int RunNode(int argc, char** argv) {
        "serve the bulletin-board HTTP/JSON API on IPv4:port or [IPv6]:port (port 0 picks a free port; it is "
        "printed and written to --http-port-file); see tools/canopy/board.h")
       ("http-port-file", po::value(&http_port_file), "write the HTTP port to this file once listening")
+      ("metrics", po::value(&metrics_address),
+       "serve Prometheus metrics (text format) at http://ADDR/metrics, ADDR = IPv4:port or [IPv6]:port "
+       "(port 0 picks a free port; it is printed and written to --metrics-port-file): commits and commit "
+       "latency by consistency level, replica acked versions and lag, snapshots, WAL fsync latency, "
+       "failovers, epochs, transport connections and bytes")
+      ("metrics-port-file", po::value(&metrics_port_file), "write the metrics port to this file once listening")
+      ("config", po::value(&config_file),
+       "read options from this file too: one NAME = VALUE per line with the long option names (listen = "
+       "tcp://0.0.0.0:7001), '#' starts a comment, repeatable options (seed) on several lines; the command "
+       "line wins (the systemd unit canopy-node@NAME reads /etc/canopy/NAME.conf)")
       ("log", po::value(&log_level), "log level: debug|info|warn|error (default: $CANOPY_LOG or info)");
   if (!Parse(argc, argv, d, "usage: canopy node --listen URI --data DIR --cluster NAME (--secret S | --secret-file F) "
                             "[--seed URI ...]"))
@@ -216,6 +243,13 @@ int RunNode(int argc, char** argv) {
     http_options.server_name = "canopy-board";
   } else if (!http_port_file.empty()) {
     throw UsageError("--http-port-file needs --http");
+  }
+  if (!metrics_address.empty()) {
+    http::ServerOptions check;
+    Status parsed = http::ParseListenAddress(metrics_address, &check);
+    if (!parsed.ok()) throw UsageError("--metrics: " + parsed.message());
+  } else if (!metrics_port_file.empty()) {
+    throw UsageError("--metrics-port-file needs --metrics");
   }
   auto policy = tree::ParseFsyncPolicy(fsync);
   if (!policy.ok()) throw UsageError(policy.status().message());
@@ -270,6 +304,27 @@ int RunNode(int argc, char** argv) {
   }
   std::cout << "node " << (*node)->node_id() << " listening on " << (*node)->uri() << std::endl;
 
+  std::unique_ptr<http::MetricsEndpoint> metrics_endpoint;
+  if (!metrics_address.empty()) {
+    auto endpoint = http::MetricsEndpoint::Start(metrics_address);
+    if (!endpoint.ok()) {
+      std::cerr << "canopy node: --metrics " << metrics_address << ": " << endpoint.status().ToString() << "\n";
+      (*node)->Stop();
+      return 1;
+    }
+    metrics_endpoint = std::move(*endpoint);
+    if (!metrics_port_file.empty()) {
+      Status w = WriteFileAtomic(metrics_port_file, std::to_string(metrics_endpoint->port()) + "\n");
+      if (!w.ok()) {
+        std::cerr << "canopy node: " << w.ToString() << "\n";
+        (*node)->Stop();
+        return 1;
+      }
+    }
+    std::cout << "metrics on http://" << metrics_endpoint->bind_address() << ":" << metrics_endpoint->port()
+              << "/metrics" << std::endl;
+  }
+
   // The bulletin-board API: its own thread, stopped before the node.
   std::unique_ptr<board::BoardService> board_service;
   std::unique_ptr<http::Server> http_server;
@@ -311,6 +366,7 @@ int RunNode(int argc, char** argv) {
     http_server->Stop();
     http_thread.join();
   }
+  if (metrics_endpoint) metrics_endpoint->Stop();
   (*node)->Stop();
   return 0;
 }
@@ -572,9 +628,14 @@ int RunBench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+  if (argc < 2 || std::string(argv[1]).empty()) {
+    // No command is bad usage: the usage goes to stderr, exit status 2.
+    std::cerr << "canopy: no command given\n" << kTopUsage;
+    return 2;
+  }
+  if (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::cout << kTopUsage;
-    return argc < 2 ? 2 : 0;
+    return 0;
   }
   if (const char* lvl = std::getenv("CANOPY_LOG")) SetLogLevel(ParseLogLevel(lvl));
   transport::RegisterBuiltinTransports();

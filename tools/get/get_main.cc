@@ -2,10 +2,11 @@
 // (--continue), retries, redirects, a progress bar on a terminal, and a
 // summary in bytes, seconds and Gbit/s (decimal: 1 Gbit = 1e9 bits).
 //
-// Exit status: 0 success, 1 any runtime failure, 2 bad usage (wget's finer
-// codes 3..8 are not used; with --json, "error_code" tells the failures
-// apart). With --json, stdout is exactly one JSON document in every case
-// (tools/get/get.schema.json).
+// Exit status, as wget's: 0 success, 1 generic failure, 2 bad usage, 3 file
+// I/O error, 4 network failure, 7 protocol error, 8 the server answered an
+// error status (ExitCodeFor below; with --json, "error_code" tells the
+// failures apart more finely). With --json, stdout is exactly one JSON
+// document in every case (tools/get/get.schema.json).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,6 +78,23 @@ constexpr char kRedirectsCode[] = "redirects";  // more than --max-redirect redi
 constexpr char kHttpStatusCode[] = "http_status";  // the server answered an error status
 constexpr char kFileCode[] = "file";            // the output file could not be written
 constexpr char kConflictCode[] = "conflict";    // --continue: local file larger than the remote one
+
+// wget's exit status for an error_code: 3 file I/O, 4 network failure
+// (resolve, connect, timeout, send/receive), 7 protocol error (malformed
+// response, too many redirects), 8 server error response; 1 otherwise.
+constexpr int kExitFileError = 3;
+constexpr int kExitNetworkFailure = 4;
+constexpr int kExitProtocolError = 7;
+constexpr int kExitServerError = 8;
+int ExitCodeFor(std::string_view code) {
+  if (code == kFileCode) return kExitFileError;
+  if (code == kResolveCode || code == kConnectCode || code == kTimeoutCode || code == kIoCode) {
+    return kExitNetworkFailure;
+  }
+  if (code == kProtocolCode || code == kRedirectsCode) return kExitProtocolError;
+  if (code == kHttpStatusCode) return kExitServerError;
+  return 1;  // conflict, internal
+}
 
 // A network failure after connecting: a timeout, else "io".
 AttemptError NetError(const Status& s) { return {s, true, s.IsTimeout() ? kTimeoutCode : kIoCode}; }
@@ -255,9 +273,10 @@ constexpr char kUnits[] = "decimal Gbit/s (10^9 bit/s)";
 const char kUsageText[] =
     "get: download a URL over HTTP/1.1 (like wget)\n"
     "usage: get URL [-O FILE] [options]\n"
-    "exit status: 0 success, 1 any runtime failure, 2 bad usage (wget's codes 3..8 are not used;\n"
-    "with --json, \"error_code\" says what failed: resolve, connect, timeout, io, protocol,\n"
-    "redirects, http_status, file, conflict, or usage). Gbit/s are decimal (10^9 bit/s).\n"
+    "exit status (wget's): 0 success, 1 other failure (conflict), 2 bad usage, 3 file I/O error\n"
+    "(file), 4 network failure (resolve, connect, timeout, io), 7 protocol error (protocol,\n"
+    "redirects), 8 server error response (http_status). With --json, \"error_code\" says what\n"
+    "failed: the word in parentheses, or usage. Gbit/s are decimal (10^9 bit/s).\n"
     "options";
 
 int UsageError(const std::string& message, bool json) { return cli::UsageError("get", message, json); }
@@ -358,7 +377,7 @@ int main(int argc, char** argv) {
     }
     if (!ok) {
       std::fprintf(stderr, "get: %s\n", last.status.ToString().c_str());
-      return kExitFailed;
+      return ExitCodeFor(last.code);
     }
     if (!opt.quiet && !opt.json) {
       if (out.already_complete) {

@@ -51,6 +51,10 @@ using namespace canopy;
 
 namespace {
 
+// Back-off of a connection whose connect failed (Worker::Fail).
+constexpr uint64_t kFirstConnectBackoffNs = 1'000'000;     // 1 ms
+constexpr uint64_t kMaxConnectBackoffNs = 100'000'000;     // 100 ms
+
 struct Config {
   http::SocketAddress address;
   std::string request;  // the bytes of one request
@@ -100,7 +104,9 @@ class Worker {
   const std::string& pin_error() const { return pin_error_; }
 
  private:
-  enum class State { kIdle, kConnecting, kSending, kReceiving, kDone };
+  // kBackoff: the last connect failed; the connection waits until
+  // retry_at_ns before it tries again (see Fail).
+  enum class State { kIdle, kConnecting, kSending, kReceiving, kBackoff, kDone };
   struct Conn {
     size_t index = 0;
     UniqueFd fd;
@@ -113,6 +119,8 @@ class Worker {
     std::optional<http::BodyReader> body;
     uint64_t start_ns = 0;
     bool warm = false;  // started during --warmup: counted in warmup_* only
+    int connect_failures = 0;  // in a row; reset by a connect that succeeds
+    uint64_t retry_at_ns = 0;  // kBackoff: when to try again
   };
 
   // Pins this thread to cpus_ and reads the mask back. False on failure.
@@ -129,6 +137,8 @@ class Worker {
   // (run by DrainRestarts, so a connect that fails at once cannot recurse).
   void Fail(Conn* c, uint64_t* counter);
   void DrainRestarts();
+  // Restarts the connections in kBackoff whose retry time has come.
+  void RetryBackedOff();
   void CloseFd(Conn* c);
 
   const Config& config_;
@@ -138,6 +148,7 @@ class Worker {
   Tally tally_;
   LiveCounts live_;
   size_t active_ = 0;
+  size_t backing_off_ = 0;  // connections in kBackoff
   std::vector<Conn*> restart_;
   std::vector<int> cpus_;
   std::vector<int> pinned_cpus_;
@@ -185,7 +196,8 @@ void Worker::Run() {
     auto now = Clock::now();
     if (now >= config_.end) break;
     int wait_ms = static_cast<int>(
-        std::min<int64_t>(100, std::chrono::ceil<std::chrono::milliseconds>(config_.end - now).count()));
+        std::min<int64_t>(backing_off_ > 0 ? 1 : 100,
+                          std::chrono::ceil<std::chrono::milliseconds>(config_.end - now).count()));
     int n = ::epoll_wait(epoll_.get(), events, 256, wait_ms);
     if (n < 0 && errno != EINTR) break;
     for (int i = 0; i < n; ++i) {
@@ -199,6 +211,7 @@ void Worker::Run() {
           continue;
         }
         if (!(events[i].events & EPOLLOUT)) continue;
+        c->connect_failures = 0;
         c->state = State::kSending;
         Send(c);
       } else if (c->state == State::kSending) {
@@ -212,6 +225,7 @@ void Worker::Run() {
       if (c->state == State::kReceiving && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP))) Receive(c);
     }
     DrainRestarts();
+    if (backing_off_ > 0) RetryBackedOff();
     uint64_t now_ns = NowNanos();
     if (now_ns - last_scan_ns < 10'000'000) continue;  // timeouts are checked every 10 ms
     last_scan_ns = now_ns;
@@ -275,6 +289,7 @@ void Worker::Connect(Conn* c) {
   }
   int rc = ::connect(c->fd.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.length);
   if (rc == 0) {
+    c->connect_failures = 0;
     c->state = State::kSending;
     Send(c);
   } else if (errno == EINPROGRESS) {
@@ -394,8 +409,31 @@ void Worker::Fail(Conn* c, uint64_t* counter) {
     live_.errors.fetch_add(1, std::memory_order_relaxed);
   }
   CloseFd(c);
+  if (counter == &tally_.connect_errors) {
+    // A server that refuses (or is not there) would otherwise be dialled again
+    // at once, in a tight loop for as long as the run lasts (a --warmup or
+    // --duration run has no request budget to end it): wait 1 ms, doubling
+    // with every failure in a row up to 100 ms, before the next try.
+    c->connect_failures = std::min(c->connect_failures + 1, 20);
+    uint64_t delay_ns = std::min<uint64_t>(kMaxConnectBackoffNs, kFirstConnectBackoffNs << (c->connect_failures - 1));
+    c->retry_at_ns = NowNanos() + delay_ns;
+    c->state = State::kBackoff;
+    ++backing_off_;
+    return;
+  }
   c->state = State::kIdle;
   restart_.push_back(c);
+}
+
+void Worker::RetryBackedOff() {
+  uint64_t now_ns = NowNanos();
+  for (auto& c : conns_) {
+    if (c.state != State::kBackoff || c.retry_at_ns > now_ns) continue;
+    --backing_off_;
+    c.state = State::kIdle;
+    StartNext(&c);
+  }
+  DrainRestarts();
 }
 
 void Worker::DrainRestarts() {

@@ -29,6 +29,12 @@ using transport::Connection;
 // another stream failed".
 enum class Rank { kAborted = 0, kTransport = 1, kLocal = 2, kServer = 3 };
 
+// The rank of an error the server reported: its "stopped because another
+// stream failed" (Aborted) explains nothing by itself.
+Rank ServerRank(const Status& status) {
+  return status.code() == StatusCode::kAborted ? Rank::kAborted : Rank::kServer;
+}
+
 uint64_t RandomTransferId() {
   std::random_device device;
   uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
@@ -183,7 +189,7 @@ class ResultReceiver {
     if (!receive_error_.ok() || !result_->ok()) {
       // Stop this stream's sender right away (it may be blocked on a server
       // that no longer reads) and tell the other streams.
-      if (result_.has_value()) state_.Fail(Rank::kServer, result_->ToStatus());
+      if (result_.has_value()) state_.Fail(ServerRank(result_->ToStatus()), result_->ToStatus());
       conn_.Close();
     }
     arrived_ = true;
@@ -222,11 +228,14 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   const ClientOptions& o = ctx.options;
   const ByteRange range = StreamRange(ctx.file_size, ctx.resume_offset, o.streams, index);
   const ChecksumAlgorithm algorithm = o.verify ? o.checksum : ChecksumAlgorithm::kNone;
-  const std::string where = o.streams > 1 ? fmt::format("stream {}/{}: ", index + 1, o.streams) : std::string();
+  // Context for errors: which stream ("" with one). The transport's own
+  // errors already name the server they were talking to.
+  const std::string stream = o.streams > 1 ? fmt::format("stream {}/{}", index + 1, o.streams) : std::string();
+  const std::string where = stream.empty() ? std::string() : stream + ": ";
 
   auto dialed = transport::Dial(ctx.uri, o.transport);
   if (!dialed.ok()) {
-    ctx.state.Fail(Rank::kTransport, dialed.status().WithContext(where + "connect to " + ctx.uri));
+    ctx.state.Fail(Rank::kTransport, dialed.status().WithContext(stream));
     ctx.state.StreamDoneSending();
     return std::nullopt;
   }
@@ -249,7 +258,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   open.base_id = ctx.base_id;
 
   auto fail = [&](Rank rank, const Status& s) -> std::optional<uint64_t> {
-    ctx.state.Fail(rank, s.WithContext(where));
+    ctx.state.Fail(rank, s.WithContext(stream));
     ctx.state.StreamDoneSending();
     return std::nullopt;
   };
@@ -267,7 +276,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   }
   auto accepted = DecodeResult(reply->payload);
   if (!accepted.ok()) return fail(Rank::kTransport, accepted.status().WithContext("bad reply to OPEN"));
-  if (!accepted->ok()) return fail(Rank::kServer, accepted->ToStatus());
+  if (!accepted->ok()) return fail(ServerRank(accepted->ToStatus()), accepted->ToStatus());
 
   // Digest the source range on another thread while the data goes out.
   std::atomic<bool> cancel_digest{false};
@@ -301,7 +310,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
   }
   if (send_status.ok() && !digest.ok()) {
     send_status = digest.status().WithContext("checksum of " + o.source);
-    ctx.state.Fail(Rank::kLocal, send_status.WithContext(where));
+    ctx.state.Fail(Rank::kLocal, send_status.WithContext(stream));
   }
   uint64_t file_digest = 0;
   if (send_status.ok() && ctx.file_digest != nullptr) {
@@ -310,7 +319,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
       file_digest = *whole;
     } else {
       send_status = whole.status().WithContext("checksum of " + o.source);
-      ctx.state.Fail(Rank::kLocal, send_status.WithContext(where));
+      ctx.state.Fail(Rank::kLocal, send_status.WithContext(stream));
     }
   }
   if (send_status.ok()) {
@@ -341,7 +350,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
 
   const std::optional<ResultMessage>& result = receiver.result();
   if (result.has_value() && !result->ok()) {
-    ctx.state.Fail(Rank::kServer, result->ToStatus());
+    ctx.state.Fail(ServerRank(result->ToStatus()), result->ToStatus());
     return std::nullopt;
   }
   if (!send_status.ok()) {
@@ -385,7 +394,7 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
 // Asks the server what it holds to resume `o.destination` from.
 Result<ResumeInfo> QueryResumeBase(const ClientOptions& o, const std::string& uri, uint64_t source_size) {
   auto dialed = transport::Dial(uri, o.transport);
-  if (!dialed.ok()) return dialed.status().WithContext("connect to " + uri);
+  if (!dialed.ok()) return dialed.status();
   std::unique_ptr<Connection> conn = std::move(dialed).value();
   QueryRequest query{o.destination, o.checksum, source_size};
   CANOPY_RETURN_IF_ERROR(conn->Send(kMsgQuery, EncodeQuery(query)).WithContext("send QUERY"));

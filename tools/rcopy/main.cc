@@ -22,9 +22,12 @@
 
 #include "base/file.h"
 #include "base/logging.h"
+#include "base/metrics.h"
 #include "base/units.h"
 #include "fmt/format.h"
 #include "tools/cli/cli.h"
+#include "tools/http/metrics_endpoint.h"
+#include "tools/rcopy/batch.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/client.h"
 #include "tools/rcopy/file_list.h"
@@ -62,16 +65,17 @@ const char kDescription[] =
     "written in brackets: [::1]:dst. With several SRCs or -r, DST is a directory (default:\n"
     "the root): files go to DIR/NAME, trees to DIR/TREE/PATH (relative paths kept; a SRC\n"
     "ending in '/' sends the tree's contents, as rsync). Symlinks and special files inside\n"
-    "trees are skipped, not followed. Files are copied one after the other; a failure that\n"
-    "concerns one file (missing, refused name, checksum) moves on to the next, any other\n"
-    "(server unreachable or busy, connection lost, disk full) stops the run.\n"
+    "trees are skipped, not followed. With several files, -P N copies N files at once, one\n"
+    "connection each (one file is split into N ranges instead); a failure that concerns one\n"
+    "file (missing, refused name, checksum) moves on to the next, any other (server\n"
+    "unreachable or busy, connection lost, disk full) starts no further file.\n"
     "The server writes into a temporary file next to DST, fsyncs it once and renames it\n"
     "into place only when the whole file (every stream, and every checksum with --verify)\n"
     "arrived; it never writes outside its root. An interrupted copy (client killed,\n"
     "connection lost, server stopped) leaves the bytes that arrived in .DST.rcopy-partial\n"
     "next to DST (with -P: only the contiguous start; not with --no-partial); any other\n"
-    "failure leaves nothing. A server that dies (kill -9) leaves its .DST.rcopy-*.tmp file,\n"
-    "which --resume does not use.\n"
+    "failure leaves nothing. A server that dies (kill -9) leaves its .DST.rcopy-*.tmp file;\n"
+    "the next --resume of DST turns it into the partial file (what was written from the start).\n"
     "--resume: when the server has DST's partial file (else DST itself) and it is not longer\n"
     "than SRC, both sides checksum it (--checksum) and, when it matches the start of SRC,\n"
     "only the rest is sent (reported as resumed_from / bytes_skipped); on a mismatch, or\n"
@@ -163,6 +167,35 @@ int UsageError(const std::string& message, bool json) {
   return kExitUsage;
 }
 
+// Exposes the server's totals (ServerStats) in the metrics registry: the
+// counters advance by what the server counted since the last scrape.
+std::unique_ptr<canopy::metrics::Refresher> ExportServerStats(Server& server) {
+  struct Exported {
+    prometheus::Counter& connections = canopy::metrics::GetCounter(
+        "canopy_rcopy_connections_total", "Connections this rcopy server accepted.");
+    prometheus::Counter& published = canopy::metrics::GetCounter(
+        "canopy_rcopy_files_published_total", "Files this rcopy server published (or sank).");
+    prometheus::Counter& failed = canopy::metrics::GetCounter(
+        "canopy_rcopy_transfers_failed_total", "Transfers that failed on this rcopy server.");
+    prometheus::Counter& bytes = canopy::metrics::GetCounter(
+        "canopy_rcopy_bytes_received_total", "File bytes this rcopy server received.");
+    prometheus::Gauge& active = canopy::metrics::GetGauge(
+        "canopy_rcopy_active_connections", "Connections this rcopy server serves now.");
+    ServerStats last;
+  };
+  auto exported = std::make_shared<Exported>();
+  return std::make_unique<canopy::metrics::Refresher>([&server, exported] {
+    ServerStats now = server.stats();
+    ServerStats& last = exported->last;
+    exported->connections.Increment(static_cast<double>(now.connections - last.connections));
+    exported->published.Increment(static_cast<double>(now.files_published - last.files_published));
+    exported->failed.Increment(static_cast<double>(now.transfers_failed - last.transfers_failed));
+    exported->bytes.Increment(static_cast<double>(now.bytes_received - last.bytes_received));
+    exported->active.Set(static_cast<double>(now.active_connections));
+    last = now;
+  });
+}
+
 int RunServer(const po::variables_map& vm) {
   const bool json = vm.count("json") > 0;
   if (!vm.count("root")) return UsageError("--server needs --root DIR", json);
@@ -211,6 +244,20 @@ int RunServer(const po::variables_map& vm) {
     Status written = canopy::WriteFileAtomic(vm["port-file"].as<std::string>(), std::to_string(bound.port) + "\n");
     if (!written.ok()) return fail(written);
   }
+  // --metrics: the totals, and the transport's, for Prometheus.
+  std::unique_ptr<canopy::metrics::Refresher> exported_stats;
+  std::unique_ptr<canopy::http::MetricsEndpoint> metrics_endpoint;
+  if (vm.count("metrics")) {
+    exported_stats = ExportServerStats(**server);
+    auto endpoint = canopy::http::MetricsEndpoint::Start(vm["metrics"].as<std::string>());
+    if (!endpoint.ok()) return fail(endpoint.status().WithContext("--metrics"));
+    metrics_endpoint = std::move(*endpoint);
+    if (vm.count("metrics-port-file")) {
+      Status written = canopy::WriteFileAtomic(vm["metrics-port-file"].as<std::string>(),
+                                               std::to_string(metrics_endpoint->port()) + "\n");
+      if (!written.ok()) return fail(written);
+    }
+  }
   if (!quiet && !json) {
     std::cerr << "rcopy: server receiving into " << options.root << " on " << bound.ToUri() << " (idle timeout "
               << idle << " s"
@@ -235,6 +282,8 @@ int RunServer(const po::variables_map& vm) {
       break;
     }
   }
+  if (metrics_endpoint) metrics_endpoint->Stop();
+  exported_stats.reset();
   (*server)->Stop();
   const double seconds = std::chrono::duration<double>(canopy::Clock::now() - started).count();
   ServerStats stats = (*server)->stats();
@@ -259,20 +308,6 @@ int RunServer(const po::variables_map& vm) {
                              stats.bytes_received);
   }
   return kExitOk;
-}
-
-// Whether a failed copy concerns only its file (the run moves on to the next
-// one) rather than the server or the connection (the run stops).
-bool FailureIsLocalToTheFile(const Status& s) {
-  switch (s.code()) {
-    case canopy::StatusCode::kNotFound:
-    case canopy::StatusCode::kInvalidArgument:
-    case canopy::StatusCode::kPermissionDenied:
-    case canopy::StatusCode::kAlreadyExists:
-    case canopy::StatusCode::kCorruption:
-    case canopy::StatusCode::kConflict: return true;
-    default: return false;
-  }
 }
 
 nlohmann::json FileJson(const CopyItem& item, const CopyReport& r, bool resume) {
@@ -330,7 +365,7 @@ int RunClient(const po::variables_map& vm) {
   if (vm.count("args")) args = vm["args"].as<std::vector<std::string>>();
   if (args.size() < 2) return UsageError("need SRC and HOST[:DST]", json);
   if (vm.count("root")) return UsageError("--root is a server option (use it with --server)", json);
-  for (const char* server_only : {"max-duration", "port-file"}) {
+  for (const char* server_only : {"max-duration", "port-file", "metrics", "metrics-port-file"}) {
     if (vm.count(server_only) && !vm[server_only].defaulted()) {
       return UsageError(fmt::format("--{} is a server option (use it with --server)", server_only), json);
     }
@@ -390,43 +425,21 @@ int RunClient(const po::variables_map& vm) {
 
   const bool show_progress = !quiet && !json && ::isatty(STDERR_FILENO);
   const std::string server_uri = MakeUri(options.scheme, options.host, options.port);
-  std::vector<CopyReport> reports;
-  size_t failed = 0;
-  size_t not_attempted = 0;
-  Status first_failure;
-  std::string first_failed_source;
-  bool stopped = false;
   canopy::Clock::time_point run_start = canopy::Clock::now();
-  for (const CopyItem& item : plan.items) {
-    if (stopped) {
-      ++not_attempted;
-      continue;
-    }
-    CopyReport report;
-    if (!item.problem.ok()) {
-      report.status = item.problem;
-      report.server_uri = server_uri;
-      report.destination = item.destination;
-    } else {
-      ClientOptions file_options = options;
-      file_options.source = item.source;
-      file_options.destination = item.destination;
-      canopy::Clock::time_point start = canopy::Clock::now();
-      if (show_progress) {
-        file_options.progress = [start](uint64_t done, uint64_t total) {
-          PrintProgress(done, total, std::chrono::duration<double>(canopy::Clock::now() - start).count());
-        };
-      }
-      report = CopyFile(file_options);
-      if (show_progress) ClearProgress();
-    }
+  CopyBatchOptions batch;
+  batch.client = options;
+  batch.single_file = single;
+  if (show_progress) {
+    batch.progress = [run_start](uint64_t done, uint64_t total) {
+      PrintProgress(done, total, std::chrono::duration<double>(canopy::Clock::now() - run_start).count());
+    };
+  }
+  // Called for one file at a time (CopyBatch serializes it).
+  batch.on_file_done = [&](size_t index, const CopyReport& report) {
+    const CopyItem& item = plan.items[index];
+    if (show_progress) ClearProgress();
     if (!report.status.ok()) {
-      if (failed++ == 0) {
-        first_failure = report.status;
-        first_failed_source = item.source;
-      }
       if (!quiet || json) std::cerr << "rcopy: " << item.source << ": " << report.status.ToString() << "\n";
-      if (!FailureIsLocalToTheFile(report.status)) stopped = true;
     } else if (!json && !quiet && report.resume == ResumeOutcome::kComplete) {
       std::cout << fmt::format("rcopy: '{}' on {} already holds the {} bytes of {}: nothing sent\n",
                                report.destination, report.server_uri, report.file_bytes, item.source);
@@ -443,8 +456,18 @@ int RunClient(const po::variables_map& vm) {
                                    : "",
                                ResumeText(report));
     }
-    reports.push_back(std::move(report));
+  };
+  CopyBatchResult outcome = CopyBatch(plan, batch);
+  if (show_progress) ClearProgress();
+  // The files attempted are a prefix of the plan (workers take them in order).
+  std::vector<CopyReport> reports;
+  for (size_t k = 0; k < outcome.reports.size() && outcome.attempted[k]; ++k) {
+    reports.push_back(std::move(outcome.reports[k]));
   }
+  const size_t failed = outcome.failed;
+  const size_t not_attempted = outcome.not_attempted;
+  const Status first_failure = outcome.first_failure;
+  const std::string first_failed_source = failed > 0 ? plan.items[outcome.first_failed_index].source : "";
   const double run_seconds = std::chrono::duration<double>(canopy::Clock::now() - run_start).count();
 
   uint64_t total_bytes = 0, total_sent = 0, total_skipped = 0;
@@ -554,7 +577,8 @@ int main(int argc, char** argv) {
       ("chunk", po::value<std::string>()->default_value("4M"),
        "bytes per DATA message (bulk transfer unit), 4K..1G, e.g. 1M, 16M")
       ("parallel,P", po::value<int>()->default_value(1),
-       "split each file into N byte ranges sent over N connections at once (1..64)")
+       "N connections at once (1..64): one file is split into N byte ranges sent together; "
+       "several files are copied N at a time, one connection each")
       ("verify", "end-to-end check: both sides checksum every range (the server from what it "
                  "wrote) and compare; a mismatch fails the copy and nothing is published. With "
                  "--resume the whole file is compared too")
@@ -585,7 +609,12 @@ int main(int argc, char** argv) {
        "open transfers are interrupted")
       ("max-connections", po::value<size_t>()->default_value(256),
        "connections served at once; more get a \"server busy\" error and are closed")
-      ("port-file", po::value<std::string>(), "write the bound port number to this file once listening");
+      ("port-file", po::value<std::string>(), "write the bound port number to this file once listening")
+      ("metrics", po::value<std::string>(),
+       "serve Prometheus metrics at http://ADDR/metrics, ADDR = IPv4:port or [IPv6]:port (port 0: any "
+       "free port, see --metrics-port-file): connections, files published, transfers failed, bytes "
+       "received, and the transport's connections and bytes")
+      ("metrics-port-file", po::value<std::string>(), "write the metrics port to this file once listening");
   po::options_description hidden;
   hidden.add_options()("args", po::value<std::vector<std::string>>(), "");
   po::positional_options_description positional;

@@ -1,6 +1,8 @@
 #include "tools/rcopy/server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -114,6 +115,49 @@ Status CopyPrefix(int from, int to, uint64_t length, const std::atomic<bool>& ca
   return Status::Ok();
 }
 
+// Whether `name` is a temporary file of a transfer to `file`:
+// ".<file>.rcopy-<16 hex digits>.tmp" (Transfer::CreateTemp). Names longer
+// than the 200 bytes a temporary name keeps never match (two files could
+// share the kept part).
+bool IsTemporaryFileOf(std::string_view name, std::string_view file) {
+  if (file.size() > 200) return false;
+  const std::string head = "." + std::string(file) + ".rcopy-";
+  constexpr std::string_view kTail = ".tmp";
+  if (name.size() != head.size() + 16 + kTail.size() || name.substr(0, head.size()) != head ||
+      name.substr(name.size() - kTail.size()) != kTail) {
+    return false;
+  }
+  for (char c : name.substr(head.size(), 16)) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// The bytes at the start of an orphaned temporary file that a transfer wrote:
+// up to its first hole (with -P, the ranges of later streams begin after a
+// hole), without the zero bytes that pad the last block before that hole.
+// Zero bytes the source really had may be cut too; the resume's checksum
+// decides what is used, so a shorter prefix costs only a resend.
+Result<uint64_t> WrittenPrefix(int fd, uint64_t size) {
+  off_t hole = ::lseek(fd, 0, SEEK_HOLE);
+  uint64_t end = hole < 0 ? size : std::min<uint64_t>(size, static_cast<uint64_t>(hole));
+  constexpr uint64_t kMaxPaddingScan = 1u << 20;
+  std::vector<char> buffer(64u << 10);
+  const uint64_t floor = end > kMaxPaddingScan ? end - kMaxPaddingScan : 0;
+  while (end > floor) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(buffer.size(), end - floor));
+    ssize_t got = ::pread(fd, buffer.data(), want, static_cast<off_t>(end - want));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoStatus(errno, "read an orphaned temporary file");
+    if (static_cast<size_t>(got) != want) return end;  // shorter than it said: keep what we know
+    size_t i = want;
+    while (i > 0 && buffer[i - 1] == 0) --i;
+    end -= want - i;
+    if (i > 0) break;
+  }
+  return end;
+}
+
 // One file being received, shared by the connections of its streams.
 //
 // Files in the destination directory: the temporary file
@@ -169,6 +213,10 @@ class Transfer {
       return ErrnoStatus(err, "create temporary file for '" + path_.ToString() + "'");
     }
     file_fd_.Reset(fd);
+    // Held while the transfer owns the file: tells AdoptOrphanedTemporaryFiles
+    // (in this or another server process) that it is not an orphan. A QUERY
+    // may hold it a moment on the empty file; nothing else blocks here.
+    if (::flock(file_fd_.get(), LOCK_EX) != 0) return ErrnoStatus(errno, "lock the temporary file");
     return Status::Ok();
   }
 
@@ -305,6 +353,10 @@ class Transfer {
     std::string temp = std::move(temp_name_);
     temp_name_.clear();
     CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenBase(partial, what, O_RDWR));
+    // Locked before it gets its temporary name (see CreateTemp).
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      return Status::Conflict(what + " is being taken over by another copy; run the copy again");
+    }
     if (::renameat(dir_fd_.get(), partial.c_str(), dir_fd_.get(), temp.c_str()) != 0) {
       if (errno == ENOENT) return Status::Conflict(what + " to resume from is gone; run the copy again");
       return ErrnoStatus(errno, "take over " + what);
@@ -462,6 +514,7 @@ class Server::Impl {
     {
       std::lock_guard<std::mutex> lock(mu_);
       s.active_connections = active_;
+      s.peak_active_connections = peak_active_;
     }
     s.connections = connections_.load();
     s.files_published = published_.load();
@@ -497,6 +550,7 @@ class Server::Impl {
       }
       uint64_t id = next_id_++;
       ++active_;
+      peak_active_ = std::max(peak_active_, active_);
       live_[id] = conn.get();
       lock.unlock();
       std::thread([this, id, c = std::move(conn)]() mutable { RunConnection(id, std::move(c)); }).detach();
@@ -551,8 +605,11 @@ class Server::Impl {
 
   Result<Attached> Attach(const OpenRequest& open, SafeRelativePath path) {
     std::lock_guard<std::mutex> lock(transfers_mu_);
-    if (tombstones_.count(open.transfer_id) != 0) {
-      return Status::Aborted("this transfer already failed on another stream");
+    auto tomb = tombstones_.find(open.transfer_id);
+    if (tomb != tombstones_.end()) {
+      // Name the first failure (disk full, checksum, ...), not its echo: a
+      // late stream's client reports whichever stream's answer it read.
+      return tomb->second.WithContext("this transfer already failed on another stream");
     }
     auto it = transfers_.find(open.transfer_id);
     if (it != transfers_.end()) {
@@ -579,7 +636,7 @@ class Server::Impl {
     if (it != transfers_.end() && it->second == transfer) transfers_.erase(it);
     if (!transfer->failure().ok()) {
       failed_.fetch_add(1);
-      if (tombstones_.insert(id).second) tombstone_order_.push_back(id);
+      if (tombstones_.emplace(id, transfer->failure()).second) tombstone_order_.push_back(id);
       while (tombstone_order_.size() > kMaxTombstones) {
         tombstones_.erase(tombstone_order_.front());
         tombstone_order_.pop_front();
@@ -621,8 +678,9 @@ class Server::Impl {
     Detach(transfer);
   }
 
-  // QUERY: tells the client what it could resume from. Read-only: the
-  // partial file is taken over only by the OPEN that follows.
+  // QUERY: tells the client what it could resume from. It changes nothing
+  // but orphaned temporary files (AdoptOrphanedTemporaryFiles): the partial
+  // file is taken over only by the OPEN that follows.
   void AnswerQuery(Connection& conn, std::string_view payload) {
     const std::string peer = conn.peer_uri();
     auto query = DecodeQuery(payload);
@@ -650,6 +708,7 @@ class Server::Impl {
       if (dir.status().IsNotFound()) return info;
       return dir.status();
     }
+    AdoptOrphanedTemporaryFiles(dir->get(), path);
     const std::pair<ResumeBase, std::string> candidates[] = {{ResumeBase::kPartial, PartialFileName(path.file)},
                                                              {ResumeBase::kTarget, path.file}};
     for (const auto& [base, name] : candidates) {
@@ -672,6 +731,62 @@ class Server::Impl {
       return info;
     }
     return info;
+  }
+
+  // A server killed with SIGKILL (or a crash) leaves its transfers'
+  // temporary files behind. Before a resume QUERY is answered, each such
+  // orphan of the name — one no live transfer holds locked, in this or any
+  // process (Transfer::CreateTemp) — becomes the name's partial file: cut to
+  // the prefix it was written from the start (WrittenPrefix) and renamed to
+  // PartialFileName, unless the partial file already there is at least as
+  // long; an orphan not used that way is removed. The resume then checks the
+  // partial file's checksum against the client's source as always, so a
+  // prefix that is not the source's (a power loss, another copy) is never
+  // used. Errors only leave the orphans as they are.
+  void AdoptOrphanedTemporaryFiles(int dir_fd, const SafeRelativePath& path) {
+    std::vector<std::string> orphans;
+    {
+      int scan_fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (scan_fd < 0) return;
+      DIR* dir = ::fdopendir(scan_fd);
+      if (dir == nullptr) {
+        ::close(scan_fd);
+        return;
+      }
+      while (struct dirent* entry = ::readdir(dir)) {
+        if (IsTemporaryFileOf(entry->d_name, path.file)) orphans.emplace_back(entry->d_name);
+      }
+      ::closedir(dir);
+    }
+    const std::string partial = PartialFileName(path.file);
+    for (const std::string& name : orphans) {
+      int fd = ::openat(dir_fd, name.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      if (fd < 0) continue;
+      UniqueFd file(fd);
+      if (::flock(file.get(), LOCK_EX | LOCK_NB) != 0) continue;  // a live transfer's
+      struct stat opened, named;
+      if (::fstat(file.get(), &opened) != 0 || !S_ISREG(opened.st_mode) ||
+          ::fstatat(dir_fd, name.c_str(), &named, AT_SYMLINK_NOFOLLOW) != 0 || opened.st_ino != named.st_ino ||
+          opened.st_dev != named.st_dev) {
+        continue;  // renamed or replaced since the scan: not an orphan any more
+      }
+      auto prefix = WrittenPrefix(file.get(), static_cast<uint64_t>(opened.st_size));
+      if (!prefix.ok()) continue;
+      struct stat existing;
+      bool partial_is_longer = ::fstatat(dir_fd, partial.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+                               S_ISREG(existing.st_mode) && static_cast<uint64_t>(existing.st_size) >= *prefix;
+      if (*prefix == 0 || partial_is_longer) {
+        if (::unlinkat(dir_fd, name.c_str(), 0) == 0) {
+          CANOPY_LOG(kInfo, "rcopy server: removed the orphaned temporary file '{}' ({} usable bytes)", name,
+                     *prefix);
+        }
+        continue;
+      }
+      if (::ftruncate(file.get(), static_cast<off_t>(*prefix)) != 0) continue;
+      if (::renameat(dir_fd, name.c_str(), dir_fd, partial.c_str()) != 0) continue;
+      CANOPY_LOG(kInfo, "rcopy server: kept {} bytes of the orphaned '{}' as '{}' for --resume", *prefix, name,
+                 partial);
+    }
   }
 
   void ServeStream(Connection& conn, const OpenRequest& open, Transfer& transfer, bool created) {
@@ -837,12 +952,13 @@ class Server::Impl {
   std::condition_variable cv_;
   std::map<uint64_t, Connection*> live_;
   size_t active_ = 0;
+  size_t peak_active_ = 0;
   uint64_t next_id_ = 1;
   std::once_flag stop_once_;
 
   std::mutex transfers_mu_;
   std::map<uint64_t, std::shared_ptr<Transfer>> transfers_;
-  std::set<uint64_t> tombstones_;
+  std::map<uint64_t, Status> tombstones_;  // failed transfers: their first failure
   std::deque<uint64_t> tombstone_order_;
 
   std::atomic<uint64_t> connections_{0};

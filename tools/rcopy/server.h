@@ -18,9 +18,12 @@
 //    (PartialFileName) once the last stream left, replacing an older one; an
 //    empty prefix is removed. Any other failure (checksum mismatch, protocol
 //    violation, disk full, write error) removes the temporary file. A server
-//    that dies (SIGKILL, crash) leaves its ".tmp" files behind; they are not
-//    used for resuming (remove them by hand). Publishing a file removes its
-//    partial file.
+//    that dies (SIGKILL, crash) leaves its ".tmp" files behind: a live
+//    transfer holds its temporary file locked (flock), and a resume QUERY
+//    for the name first turns every unlocked one (an orphan) into the
+//    partial file — the prefix written from the start, up to the first hole
+//    — unless the partial file there is as long; other orphans of the name
+//    are removed. Publishing a file removes its partial file.
 //  - Resume (protocol.h): QUERY is answered from the partial file, else the
 //    existing regular file under the name (never through a symlink), with
 //    its size and checksum; an OPEN with a resume base takes the partial file
@@ -60,6 +63,7 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t connections = 0;       // accepted so far
   uint64_t active_connections = 0;  // being served now (not counting refused ones)
+  uint64_t peak_active_connections = 0;  // most served at once so far
   uint64_t files_published = 0;   // transfers renamed into place (or sunk)
   uint64_t transfers_failed = 0;
   uint64_t bytes_received = 0;    // bulk bytes over all connections

@@ -4,6 +4,7 @@
 
 #include "base/logging.h"
 #include "transport/dpdk/dpdk_wire.h"
+#include "transport/transport_metrics.h"
 
 namespace canopy::transport::dpdk {
 namespace {
@@ -171,8 +172,10 @@ bool ConnState::SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now
   FillSacksLocked(&h, kDataSackBlocks);
   if (!EmitLocked(out, h, &snd_, seg.seq, now_ns)) return false;
   if (seg.sent_ns != 0) {
+    static const SchemeCounters& counters = CountersForScheme("dpdk");
     seg.retransmitted = true;
     ++retransmits_;
+    counters.retransmissions->Increment();
   }
   seg.sent_ns = now_ns;
   seg.lost = false;

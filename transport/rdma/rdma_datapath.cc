@@ -18,6 +18,7 @@
 #include "base/logging.h"
 #include "transport/frame.h"
 #include "transport/rdma/rdma_connection.h"
+#include "transport/transport_metrics.h"
 
 namespace canopy::transport::rdma {
 namespace {
@@ -363,6 +364,10 @@ Status RdmaConnection::WaitAllSendsComplete(Deadline deadline) {
 
 Status RdmaConnection::SendDataItem(ItemKind kind, const BodyFill& fill) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (!data_credits_.CanSend()) {
+    static const SchemeCounters& counters = CountersForScheme("rdma");
+    counters.credit_stalls->Increment();
+  }
   CANOPY_RETURN_IF_ERROR(WaitLocked(
       lock, Deadline::After(options_.base.io_timeout),
       [this] { return data_credits_.CanSend() && data_send_pool_.free_count() > 0 && sq_room() > 0; },

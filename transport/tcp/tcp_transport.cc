@@ -214,6 +214,7 @@ class TcpListener final : public Listener {
         ConfigureSocket(fd, config_, false);
         CANOPY_ASSIGN_OR_RETURN(UniqueFd wake, MakeEventFd());
         std::string peer_uri = SockaddrToUri(&peer, peer_len);
+        CountersForScheme("tcp").accepted->Increment();
         return std::unique_ptr<Connection>(new TcpConnection(
             std::move(socket), std::move(wake), std::move(peer_uri), options_, config_.zero_copy));
       }
@@ -334,6 +335,7 @@ class TcpTransport final : public Transport {
       std::string peer_uri = ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0
                                  ? SockaddrToUri(&peer, peer_len)
                                  : target;
+      CountersForScheme("tcp").dialed->Increment();
       return std::unique_ptr<Connection>(
           new TcpConnection(std::move(fd), std::move(wake), peer_uri, options_, config.zero_copy));
     }

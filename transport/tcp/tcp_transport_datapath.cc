@@ -65,11 +65,15 @@ Status TcpConnection::SocketError(int err, std::string_view op) const {
 // ------------------------------------------------------------------ send side
 
 Status TcpConnection::Send(uint16_t type, std::string_view payload) {
-  return SendFrame(type, payload, nullptr);
+  Status s = SendFrame(type, payload, nullptr);
+  if (s.ok()) counters_.bytes_sent->Increment(static_cast<double>(payload.size()));
+  return s;
 }
 
 Status TcpConnection::SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) {
-  return SendFrame(type, payload, &bulk);
+  Status s = SendFrame(type, payload, &bulk);
+  if (s.ok()) counters_.bytes_sent->Increment(static_cast<double>(payload.size() + bulk.size()));
+  return s;
 }
 
 Status TcpConnection::WaitWritable() {
@@ -356,6 +360,7 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
   rx_bulk_pending_ = rx_header_.bulk_len;
   messages_received_.fetch_add(1, std::memory_order_relaxed);
   bytes_received_.fetch_add(message.payload.size(), std::memory_order_relaxed);
+  counters_.bytes_received->Increment(static_cast<double>(message.payload.size()));
   return message;
 }
 
@@ -488,6 +493,7 @@ Status TcpConnection::ReceiveBulk(const BulkSink& sink, uint64_t length, Deadlin
   uint64_t progress = 0;
   Status s = sink.is_file() ? BulkToFile(sink.fd, sink.file_offset, length, deadline, &progress)
                             : ReadExactly(sink.memory, static_cast<size_t>(length), deadline, &progress);
+  counters_.bytes_received->Increment(static_cast<double>(progress));
   if (!s.ok()) {
     if (progress > 0 && rx_error_.ok() && s.code() != StatusCode::kAborted) {
       // The caller cannot know how much was consumed: the stream position is lost.

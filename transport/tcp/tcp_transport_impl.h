@@ -18,6 +18,7 @@
 #include "base/status.h"
 #include "transport/frame.h"
 #include "transport/transport.h"
+#include "transport/transport_metrics.h"
 
 namespace canopy::transport::tcp_internal {
 
@@ -98,6 +99,7 @@ class TcpConnection final : public Connection {
   ConnectionStats stats() const override;
 
  private:
+  const SchemeCounters& counters_ = CountersForScheme("tcp");  // transport_metrics.h
   // ---- send side (send_mu_ held) ----
   Status SendFrame(uint16_t type, std::string_view payload, const BulkSource* bulk);
   // sendmsg until every iovec is written; *progress counts bytes written.
