@@ -16,6 +16,7 @@ PACKAGES=(
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
+  openssl  # CLI: test certificates for the tls+tcp rows of bench/scenarios/rcopy_*.sh
   # replication benchmark peer (bench/scenarios/commits_etcd.sh)
   etcd-server etcd-client
   # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)
