@@ -177,6 +177,9 @@ Result<std::shared_ptr<TlsContext>> TlsContext::Create(const TlsConfig& config, 
   // close_notify (kernel TLS receive would trip over other records).
   if (server) (void)SSL_CTX_set_num_tickets(ctx, 0);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  // User-space receive: pull several records per recv(2), not one.
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, 256 << 10);
 
   if (!config.cert_file.empty()) {
     if (SSL_CTX_use_certificate_chain_file(ctx, config.cert_file.c_str()) != 1) {
