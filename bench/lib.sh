@@ -251,3 +251,31 @@ bench_split_cores() {
   client_cpu=${cpus[1]:-${cpus[0]}}
   ((${#cpus[@]} > 1))
 }
+
+# bench_tls_certs DIR -> a CA (DIR/ca.pem) and a server certificate for
+# 127.0.0.1 it signs (DIR/server.pem, key DIR/server.key), EC P-256, valid
+# two days, made with the openssl CLI for tls+tcp:// rows. 1 when it fails.
+bench_tls_certs() {
+  local d=$1
+  command -v openssl >/dev/null 2>&1 || return 1
+  mkdir -p "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/ca.key" -out "$d/ca.pem" \
+      -days 2 -subj "/CN=canopy bench CA" >/dev/null 2>&1 &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$d/server.key" -out "$d/server.csr" \
+      -subj "/CN=127.0.0.1" >/dev/null 2>&1 &&
+    openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
+      -out "$d/server.pem" -extfile <(printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n') \
+      >/dev/null 2>&1
+}
+
+# bench_ktls_note -> one line: whether this kernel offers kernel TLS (the tls
+# ULP), for the details of tls+tcp:// rows.
+bench_ktls_note() {
+  local ulps
+  ulps=$(cat /proc/sys/net/ipv4/tcp_available_ulp 2>/dev/null || echo "?")
+  if grep -qw tls <<<"$ulps"; then
+    echo "kernel TLS available (tcp_available_ulp: $ulps); OpenSSL $(openssl version 2>/dev/null | awk '{print $2}') offloads TLS 1.3 sending only"
+  else
+    echo "no kernel TLS here (tcp_available_ulp: $ulps): tls+tcp runs in user space (SSL_read/SSL_write, no sendfile/splice)"
+  fi
+}

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "replication/auth.h"
+#include "transport/auth.h"
 
 namespace canopy::replication {
 
@@ -24,91 +24,88 @@ Status UnexpectedMessage(const transport::Message& message, std::string_view exp
 
 namespace {
 
-Result<transport::Message> ReceiveExpecting(transport::Connection& conn, MessageType type, Deadline deadline) {
-  CANOPY_ASSIGN_OR_RETURN(transport::Message m, conn.Receive(deadline));
-  if (m.bulk_bytes != 0) return Status::Corruption("handshake message with bulk bytes");
-  if (m.type != static_cast<uint16_t>(type)) {
-    return UnexpectedMessage(m, MessageTypeName(static_cast<uint16_t>(type)));
-  }
-  return m;
-}
+using Step = transport::AuthWire::Step;
 
-// Sends the error to the peer and returns it.
-Status Refuse(transport::Connection& conn, Status status) {
-  SendError(conn, status);
-  return status;
+// The shared exchange (transport/auth.h) carried by replication's own
+// HELLO / CHALLENGE / AUTH / WELCOME / ERROR messages. HELLO adds the role,
+// the protocol version and the listen URI; the listener keeps the last HELLO
+// it decoded so that the caller learns the peer's identity.
+class ReplicationAuthWire final : public transport::AuthWire {
+ public:
+  explicit ReplicationAuthWire(const HandshakeConfig& config) : config_(config) {}
+
+  uint16_t TypeOf(Step step) const override {
+    switch (step) {
+      case Step::kHello: return static_cast<uint16_t>(MessageType::kHello);
+      case Step::kChallenge: return static_cast<uint16_t>(MessageType::kChallenge);
+      case Step::kProof: return static_cast<uint16_t>(MessageType::kAuth);
+      case Step::kWelcome: return static_cast<uint16_t>(MessageType::kWelcome);
+    }
+    return 0;
+  }
+  std::string EncodeHello(const transport::AuthHello& hello) override {
+    return Encode(Hello{hello.realm, hello.id, config_.role, kProtocolVersion, hello.nonce, config_.listen_uri});
+  }
+  std::string EncodeChallenge(const transport::AuthChallenge& c) override {
+    return Encode(Challenge{c.id, c.nonce, c.proof});
+  }
+  std::string EncodeProof(std::string_view proof) override { return Encode(Auth{std::string(proof)}); }
+  std::string EncodeWelcome(std::string_view id) override { return Encode(Welcome{std::string(id)}); }
+
+  Result<transport::AuthHello> DecodeHello(std::string_view payload) override {
+    CANOPY_ASSIGN_OR_RETURN(Hello hello, replication::DecodeHello(payload));
+    if (hello.cluster == config_.cluster && hello.protocol_version != kProtocolVersion) {
+      return Status::NotSupported(fmt::format("protocol version {} not supported (this node speaks {})",
+                                              hello.protocol_version, kProtocolVersion));
+    }
+    last_hello_ = hello;
+    return transport::AuthHello{hello.cluster, hello.node_id, hello.nonce};
+  }
+  Result<transport::AuthChallenge> DecodeChallenge(std::string_view payload) override {
+    CANOPY_ASSIGN_OR_RETURN(Challenge c, replication::DecodeChallenge(payload));
+    return transport::AuthChallenge{c.node_id, c.nonce, c.proof};
+  }
+  Result<std::string> DecodeProof(std::string_view payload) override {
+    CANOPY_ASSIGN_OR_RETURN(Auth auth, DecodeAuth(payload));
+    return auth.proof;
+  }
+  Result<std::string> DecodeWelcome(std::string_view payload) override {
+    CANOPY_ASSIGN_OR_RETURN(Welcome welcome, replication::DecodeWelcome(payload));
+    return welcome.node_id;
+  }
+  void SendRefusal(transport::Connection& conn, const Status& why) override { SendError(conn, why); }
+  Status Unexpected(const transport::Message& message, Step expected) override {
+    return UnexpectedMessage(message, MessageTypeName(TypeOf(expected)));
+  }
+
+  const Hello& last_hello() const { return last_hello_; }
+
+ private:
+  const HandshakeConfig& config_;
+  Hello last_hello_;
+};
+
+transport::AuthIdentity IdentityOf(const HandshakeConfig& config) {
+  return transport::AuthIdentity{config.cluster, config.node_id, config.secret};
 }
 
 }  // namespace
 
 Result<PeerIdentity> DialerHandshake(transport::Connection& conn, const HandshakeConfig& config,
                                      Deadline deadline) {
-  Hello hello;
-  hello.cluster = config.cluster;
-  hello.node_id = config.node_id;
-  hello.role = config.role;
-  hello.protocol_version = kProtocolVersion;
-  CANOPY_ASSIGN_OR_RETURN(hello.nonce, RandomNonce());
-  hello.listen_uri = config.listen_uri;
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, hello));
-
-  CANOPY_ASSIGN_OR_RETURN(transport::Message m, ReceiveExpecting(conn, MessageType::kChallenge, deadline));
-  auto challenge = DecodeChallenge(m.payload);
-  if (!challenge.ok()) return Refuse(conn, challenge.status());
-  AuthTranscript t{config.cluster, config.node_id, challenge->node_id, hello.nonce, challenge->nonce};
-  if (!ProofsEqual(challenge->proof, ComputeProof(config.secret, ProofSide::kListener, t))) {
-    return Refuse(conn, Status::PermissionDenied(
-                            fmt::format("{} (node {}) failed to prove the cluster secret", conn.peer_uri(),
-                                        challenge->node_id)));
-  }
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, Auth{ComputeProof(config.secret, ProofSide::kDialer, t)}));
-  CANOPY_ASSIGN_OR_RETURN(transport::Message w, ReceiveExpecting(conn, MessageType::kWelcome, deadline));
-  CANOPY_ASSIGN_OR_RETURN(Welcome welcome, DecodeWelcome(w.payload));
-  if (welcome.node_id != challenge->node_id) {
-    return Status::Corruption("WELCOME names another node than CHALLENGE");
-  }
-  return PeerIdentity{welcome.node_id, PeerRole::kNode, ""};
+  ReplicationAuthWire wire(config);
+  CANOPY_ASSIGN_OR_RETURN(std::string listener_id,
+                          transport::AuthenticateDialer(conn, wire, IdentityOf(config), deadline));
+  return PeerIdentity{std::move(listener_id), PeerRole::kNode, ""};
 }
 
 Result<PeerIdentity> ListenerHandshake(transport::Connection& conn, const HandshakeConfig& config,
                                        Deadline deadline) {
-  auto m = ReceiveExpecting(conn, MessageType::kHello, deadline);
-  if (!m.ok()) {
-    if (m.status().IsCorruption()) return Refuse(conn, m.status());
-    return m.status();
-  }
-  auto hello = DecodeHello(m->payload);
-  if (!hello.ok()) return Refuse(conn, hello.status());
-  if (hello->cluster != config.cluster) {
-    return Refuse(conn, Status::PermissionDenied(fmt::format("wrong cluster '{}': this node belongs to '{}'",
-                                                             hello->cluster, config.cluster)));
-  }
-  if (hello->protocol_version != kProtocolVersion) {
-    return Refuse(conn, Status::NotSupported(fmt::format("protocol version {} not supported (this node speaks {})",
-                                                         hello->protocol_version, kProtocolVersion)));
-  }
-  if (hello->node_id.empty()) return Refuse(conn, Status::InvalidArgument("HELLO without a node id"));
-  Challenge challenge;
-  challenge.node_id = config.node_id;
-  CANOPY_ASSIGN_OR_RETURN(challenge.nonce, RandomNonce());
-  AuthTranscript t{config.cluster, hello->node_id, config.node_id, hello->nonce, challenge.nonce};
-  challenge.proof = ComputeProof(config.secret, ProofSide::kListener, t);
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, challenge));
-
-  auto a = ReceiveExpecting(conn, MessageType::kAuth, deadline);
-  if (!a.ok()) {
-    if (a.status().IsCorruption()) return Refuse(conn, a.status());
-    return a.status();
-  }
-  auto auth = DecodeAuth(a->payload);
-  if (!auth.ok()) return Refuse(conn, auth.status());
-  if (!ProofsEqual(auth->proof, ComputeProof(config.secret, ProofSide::kDialer, t))) {
-    return Refuse(conn, Status::PermissionDenied(fmt::format(
-                            "authentication failed for {} (node {}): wrong cluster secret", conn.peer_uri(),
-                            hello->node_id)));
-  }
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, Welcome{config.node_id}));
-  return PeerIdentity{hello->node_id, hello->role, hello->listen_uri};
+  ReplicationAuthWire wire(config);
+  CANOPY_ASSIGN_OR_RETURN(transport::AuthHello hello,
+                          transport::AuthenticateListener(conn, wire, IdentityOf(config), deadline));
+  const Hello& full = wire.last_hello();
+  return PeerIdentity{hello.id, full.role, full.listen_uri};
 }
 
 }  // namespace canopy::replication

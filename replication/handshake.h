@@ -1,5 +1,6 @@
 // Connection set-up between canopy peers: HELLO / CHALLENGE / AUTH / WELCOME
-// with mutual HMAC-SHA256 authentication (see protocol.h and auth.h), plus
+// with mutual HMAC-SHA256 authentication (the shared exchange of
+// transport/auth.h carried by the messages of protocol.h), plus
 // small helpers to send typed messages and errors on a transport Connection.
 //
 // A side that detects a problem (wrong cluster, wrong protocol version, bad

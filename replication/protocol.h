@@ -15,7 +15,7 @@
 // any truncation of an encoded message is an error, never a wrong value.
 //
 // Connection set-up (both peers and clients), mutual HMAC-SHA256 auth over
-// the shared cluster secret (see auth.h):
+// the shared cluster secret (see transport/auth.h):
 //   dialer   -> HELLO      {cluster, node id, role, protocol version, dialer nonce}
 //   listener -> CHALLENGE  {listener node id, listener nonce, listener proof}
 //   dialer   -> AUTH       {dialer proof}
@@ -40,14 +40,15 @@
 
 #include "base/result.h"
 #include "base/status.h"
+#include "transport/auth.h"
 
 namespace canopy::replication {
 
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
 inline constexpr uint32_t kProtocolVersion = 2;  // 2: ACK carries snapshots_installed
-inline constexpr size_t kNonceBytes = 32;
-inline constexpr size_t kProofBytes = 32;  // HMAC-SHA256
+inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
+inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
 
 // Decoder limits (a peer cannot make us allocate more than this per field).
 inline constexpr size_t kMaxNameBytes = 1024;          // cluster, node ids, tree names, URIs

@@ -21,6 +21,7 @@ PACKAGES=(
   prometheus
   # the .deb (cpack -G DEB: dpkg-shlibdeps finds its Depends, file spots the ELF binaries)
   dpkg-dev file
+  openssl  # CLI: test certificates for the tls+tcp rows of bench/scenarios/rcopy_*.sh
   # replication benchmark peer (bench/scenarios/commits_etcd.sh)
   etcd-server etcd-client
   # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)

@@ -13,6 +13,7 @@
 #include "tests/http_test_util.h"
 #include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
+#include "tests/tls_test_util.h"
 #include "tools/bench/perftest.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
@@ -368,6 +369,62 @@ TEST_F(BenchServerTest, OldProtocolVersionIsACleanError) {
       << m->payload;
 }
 
+// --secret-file: the shared HMAC handshake (transport/auth.h) before any test.
+TEST_F(BenchServerTest, SharedSecretIsCheckedBeforeAnyTest) {
+  BenchServerOptions options = ServerOptions();
+  options.secret = "bench secret 1";
+  Restart(options);
+  SweepOptions o = Options();
+  o.sizes = {64};
+  o.secret = "bench secret 1";
+  auto good = RunSweep(o, nullptr);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  // Wrong secret: the client finds out from the server's proof.
+  o.secret = "bench secret 2";
+  auto wrong = RunSweep(o, nullptr);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kPermissionDenied) << wrong.status().ToString();
+  // No secret: the server refuses the BEGIN it did not wait for, with ERROR.
+  o.secret.clear();
+  auto none = RunSweep(o, nullptr);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("authentication required"), std::string::npos) << none.status().ToString();
+  // The server still serves the right secret afterwards.
+  o.secret = "bench secret 1";
+  EXPECT_TRUE(RunSweep(o, nullptr).ok());
+}
+
+TEST_F(BenchServerTest, OpenServerRefusesAnAuthenticatingClient) {
+  SweepOptions o = Options();
+  o.sizes = {64};
+  o.secret = "bench secret 1";
+  auto r = RunSweep(o, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPermissionDenied) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("open (started without --secret-file)"), std::string::npos)
+      << r.status().ToString();
+}
+
+TEST_F(BenchServerTest, SweepOverTls) {
+  const auto& pki = canopy::testing::GetTestPki();
+  BenchServerOptions options = ServerOptions();
+  options.listen_uri = "tls+tcp://127.0.0.1:0";
+  options.transport.backend_args = canopy::testing::ServerTlsArgs(pki);
+  options.secret = "bench secret 1";
+  Restart(options);
+  SweepOptions o = Options();
+  o.uri = "tls+tcp://127.0.0.1:" + std::to_string(port_);
+  o.transport.backend_args = canopy::testing::ClientTlsArgs(pki);
+  o.secret = "bench secret 1";
+  o.sizes = {64, 256 << 10};
+  for (bool bulk : {false, true}) {
+    o.bulk = bulk;
+    auto r = RunSweep(o, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_GT((*r)[1].bw_avg_gbps, 0);
+  }
+}
+
 TEST(BenchCli, UnreachableServerFails) {
   transport::RegisterBuiltinTransports();
   auto listener = transport::ListenOn("tcp://127.0.0.1:0", transport::TransportOptions{});
@@ -410,7 +467,7 @@ TEST(BenchCli, BadFlagsGiveAnError) {
   for (const char* option : {"--size", "--sizes", "--iterations", "--time", "--warmup", "--test", "--bulk", "--json",
                              "--server", "--port", "--transport", "--transport-arg", "--bind", "--port-file",
                              "--bytes", "--omit", "--interval", "--reverse", "--bidir", "--affinity", "--max-duration",
-                             "--max-clients", "--idle-timeout", "10^9 bit/s"}) {
+                             "--max-clients", "--idle-timeout", "--secret-file", "10^9 bit/s"}) {
     EXPECT_NE(out.find(option), std::string::npos) << option;
   }
 }

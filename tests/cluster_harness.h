@@ -94,6 +94,10 @@ class TestCluster {
     }
   }
 
+  // Where nodes listen on their first start (default tcp://127.0.0.1:0),
+  // e.g. a tls+tcp:// URI with cert=, key=, ca= parameters. Call before Start.
+  void SetListenUri(std::string uri) { listen_uri_ = std::move(uri); }
+
   // Adds node i (ids 1, 2, ...) seeded with every node added before it.
   size_t AddNode(std::vector<std::string> extra_args = {}, std::string secret_file = "") {
     NodeProcess n;
@@ -122,7 +126,7 @@ class TestCluster {
     std::string uri_file = n.dir + ".uri";
     (void)RemoveFile(uri_file);
     std::vector<std::string> args = {BinaryPath("tools/canopy/canopy"), "node",
-                                     "--listen", n.uri.empty() ? "tcp://127.0.0.1:0" : n.uri,
+                                     "--listen", n.uri.empty() ? listen_uri_ : n.uri,
                                      "--data", n.dir, "--cluster", kClusterName, "--secret-file", n.secret_file,
                                      "--node-id", n.node_id, "--uri-file", uri_file, "--heartbeat-ms", "50",
                                      "--failure-ms", "800"};
@@ -247,6 +251,7 @@ class TestCluster {
 
  private:
   TempDir tmp_;
+  std::string listen_uri_ = "tcp://127.0.0.1:0";
   std::string secret_file_;
   std::vector<NodeProcess> nodes_;
   std::vector<std::string> raft_addresses_;

@@ -5,7 +5,8 @@
 
 #include <set>
 
-#include "replication/auth.h"
+#include "tests/tls_test_util.h"
+#include "transport/auth.h"
 #include "replication/handshake.h"
 #include "tests/cluster_harness.h"
 #include "transport/frame.h"
@@ -124,6 +125,34 @@ TEST(ClusterReplicationTest, QuorumWritesSurviveKilledReplicaWhichCatchesUp) {
   EXPECT_EQ(lt->role, "leader");
   EXPECT_EQ(lt->replica_versions.size(), 2u);
   for (const auto& [id, v] : lt->replica_versions) EXPECT_EQ(v, last) << id;
+}
+
+// Replication over tls+tcp:// with mutual TLS: peers dial each other's
+// advertised URIs (which carry the TLS settings), clients too; a client
+// without a certificate of the cluster's CA gets nowhere.
+TEST(ClusterReplicationTest, ReplicatesOverMutualTls) {
+  const auto& pki = canopy::testing::GetTestPki();
+  TestCluster c;
+  c.SetListenUri("tls+tcp://127.0.0.1:0?cert=" + pki.server_cert + "&key=" + pki.server_key + "&ca=" + pki.ca_cert);
+  StartCluster(c, 3);
+  EXPECT_EQ(c.node(0).uri.rfind("tls+tcp://127.0.0.1:", 0), 0u) << c.node(0).uri;
+  size_t leader = CreateTree(c, "secure");
+  auto client = c.Connect(leader);
+  ASSERT_TRUE(client);
+  auto r = client->Commit(PutRoot("secure", "k", "v", ConsistencyLevel::kAll));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->status.code, StatusCode::kOk) << r->status.message;
+  EXPECT_EQ(r->acks, 3u);
+  for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(WaitForVersion(c, i, "secure", r->version)) << c.Log(i);
+  // No client certificate: the TLS session is refused before HELLO.
+  auto ep = transport::ParseEndpoint(c.node(0).uri);
+  ASSERT_TRUE(ep.ok());
+  ep->params.erase("cert");
+  ep->params.erase("key");
+  auto refused = replication::Client::Connect(ep->ToUri(), c.ClientOpts());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << refused.status().ToString();
+  EXPECT_TRUE(c.Running(0));
 }
 
 TEST(ClusterReplicationTest, ReplicaBehindTruncatedWalGetsSnapshot) {

@@ -22,6 +22,7 @@
 #include "tests/testing/json_schema.h"
 #include "tests/testing/test_util.h"
 #include "tools/rcopy/batch.h"
+#include "tests/tls_test_util.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/client.h"
 #include "tools/rcopy/file_list.h"
@@ -288,12 +289,17 @@ class RcopyServerTest : public ::testing::Test {
     StartServer();
   }
 
-  void StartServer(std::chrono::milliseconds idle = std::chrono::seconds(10), size_t max_connections = 256) {
+  void StartServer(std::chrono::milliseconds idle = std::chrono::seconds(10), size_t max_connections = 256,
+                   const std::string& secret = "", const std::string& listen_uri = "tcp://127.0.0.1:0",
+                   std::vector<std::string> transport_args = {}) {
+    server_.reset();
     ServerOptions options;
     options.root = root_.path();
-    options.listen_uri = "tcp://127.0.0.1:0";
+    options.listen_uri = listen_uri;
     options.idle_timeout = idle;
     options.max_connections = max_connections;
+    options.secret = secret;
+    options.transport.backend_args = std::move(transport_args);
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
@@ -705,6 +711,124 @@ TEST_F(RcopyServerTest, CliCopiesAndPrintsJson) {
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("Gbit/s (1 Gbit = 10^9 bits)"), std::string::npos) << out;
   EXPECT_NE(out.find(std::to_string(3 * (1 << 20) + 5) + " bytes"), std::string::npos) << out;
+}
+
+// --secret-file: the shared HMAC handshake (transport/auth.h) before OPEN.
+TEST_F(RcopyServerTest, SharedSecretIsCheckedBeforeAnyDataByte) {
+  StartServer(std::chrono::seconds(10), 256, "rcopy secret 1");
+  std::string source = WriteSource("s", 300 << 10, 21);
+  ClientOptions o = Options(source, "good");
+  o.secret = "rcopy secret 1";
+  o.streams = 2;
+  CopyReport good = CopyFile(o);
+  ASSERT_TRUE(good.status.ok()) << good.status.ToString();
+  EXPECT_EQ(ReadAll(root_.File("good")), ReadAll(source));
+  const uint64_t received = server_->stats().bytes_received;
+
+  // A wrong secret: the client sees the server's proof fail and never sends OPEN.
+  o = Options(source, "wrong");
+  o.secret = "rcopy secret 2";
+  CopyReport wrong = CopyFile(o);
+  EXPECT_EQ(wrong.status.code(), StatusCode::kPermissionDenied) << wrong.status.ToString();
+  EXPECT_NE(wrong.status.message().find("failed to prove the shared secret"), std::string::npos)
+      << wrong.status.ToString();
+  // No secret: OPEN arrives where HELLO was due; the server answers RESULT.
+  o = Options(source, "none");
+  CopyReport none = CopyFile(o);
+  EXPECT_EQ(none.status.code(), StatusCode::kPermissionDenied) << none.status.ToString();
+  EXPECT_NE(none.status.message().find("authentication required"), std::string::npos) << none.status.ToString();
+  // A raw client that pushes OPEN and DATA at once gets nothing accepted.
+  auto conn = transport::Dial("tcp://127.0.0.1:" + std::to_string(port_), transport::TransportOptions{});
+  ASSERT_TRUE(conn.ok());
+  OpenRequest open;
+  open.transfer_id = 77;
+  open.name = "raw";
+  open.file_size = 4;
+  open.streams = 1;
+  open.range_length = 4;
+  ASSERT_TRUE((*conn)->Send(kMsgOpen, EncodeOpen(open)).ok());
+  (void)(*conn)->SendWithBulk(kMsgData, "", transport::BulkSource::FromMemory("data"));
+  auto refusal = (*conn)->Receive(Deadline::After(std::chrono::seconds(10)));
+  ASSERT_TRUE(refusal.ok()) << refusal.status().ToString();
+  ASSERT_EQ(refusal->type, kMsgResult);
+  auto result = DecodeResult(refusal->payload);
+  ASSERT_TRUE(result.ok());
+  EXPECT_EQ(result->code, StatusCode::kPermissionDenied);
+  (*conn)->Close();
+
+  EXPECT_TRUE(NoTempFilesWithin(std::chrono::seconds(5)));
+  for (const char* name : {"wrong", "none", "raw"}) EXPECT_FALSE(PathExists(root_.File(name))) << name;
+  EXPECT_EQ(server_->stats().bytes_received, received);
+  // The server counts a refusal after sending it: wait (bounded) for the count.
+  Deadline counted = Deadline::After(std::chrono::seconds(5));
+  while (server_->stats().auth_failures < 3 && !counted.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(server_->stats().auth_failures, 3u);
+  EXPECT_EQ(server_->stats().files_published, 1u);
+}
+
+TEST_F(RcopyServerTest, OpenServerRefusesAnAuthenticatingClient) {
+  std::string source = WriteSource("o", 1000, 22);
+  ClientOptions o = Options(source, "x");
+  o.secret = "rcopy secret 1";
+  CopyReport report = CopyFile(o);
+  EXPECT_EQ(report.status.code(), StatusCode::kPermissionDenied) << report.status.ToString();
+  EXPECT_NE(report.status.message().find("open (started without --secret-file)"), std::string::npos)
+      << report.status.ToString();
+  EXPECT_FALSE(PathExists(root_.File("x")));
+}
+
+TEST_F(RcopyServerTest, CopiesOverTlsWithSecretAndVerify) {
+  const auto& pki = canopy::testing::GetTestPki();
+  StartServer(std::chrono::seconds(10), 256, "rcopy secret 1", "tls+tcp://127.0.0.1:0",
+              canopy::testing::ServerTlsArgs(pki, /*require_client_cert=*/true));
+  std::string source = WriteSource("t", (2 << 20) + 123, 23);
+  ClientOptions o = Options(source, "tls");
+  o.scheme = "tls+tcp";
+  o.transport.backend_args = canopy::testing::ClientTlsArgs(pki, /*with_client_cert=*/true);
+  o.secret = "rcopy secret 1";
+  o.streams = 3;
+  o.verify = true;
+  CopyReport report = CopyFile(o);
+  ASSERT_TRUE(report.status.ok()) << report.status.ToString();
+  EXPECT_EQ(ReadAll(root_.File("tls")), ReadAll(source));
+  // Without a client certificate the server refuses the TLS session.
+  o.transport.backend_args = canopy::testing::ClientTlsArgs(pki, /*with_client_cert=*/false);
+  o.destination = "no-cert";
+  CopyReport refused = CopyFile(o);
+  EXPECT_EQ(refused.status.code(), StatusCode::kPermissionDenied) << refused.status.ToString();
+  EXPECT_FALSE(PathExists(root_.File("no-cert")));
+}
+
+TEST_F(RcopyServerTest, CliServerIsOpenOnLoopbackOnlyWithoutASecret) {
+  std::string out;
+  ASSERT_EQ(RunCommand(Rcopy() + " --server --root " + root_.path() + " -p 0 --max-duration 0.2 2>&1", &out), 0)
+      << out;
+  EXPECT_NE(out.find("WARNING: this server is OPEN"), std::string::npos) << out;
+  EXPECT_NE(out.find("on tcp://127.0.0.1:"), std::string::npos) << out;
+  // With a secret: both sides authenticate, no warning, all interfaces.
+  std::string secret = src_.File("secret");
+  ASSERT_TRUE(WriteFileAtomic(secret, "cli secret 123\n").ok());
+  std::string source = WriteSource("cli-secret", 5000, 24);
+  std::string port_file = src_.File("port");
+  out.clear();
+  int rc = RunCommand("{ " + Rcopy() + " --server --root " + root_.path() + " -p 0 --port-file " + port_file +
+                          " --secret-file " + secret + " --max-duration 20 2>" + src_.File("server.err") +
+                          " & pid=$!; for i in $(seq 100); do [ -s " + port_file +
+                          " ] && break; sleep 0.05; done; p=$(cat " + port_file + "); " + Rcopy() +
+                          " -q --secret-file " + secret + " -p $p " + source + " 127.0.0.1:with-secret; echo rc1=$?; " +
+                          Rcopy() + " -p $p " + source + " 127.0.0.1:without 2>&1; echo rc2=$?; kill $pid; wait $pid; }",
+                      &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rc1=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("rc2=1"), std::string::npos) << out;
+  EXPECT_NE(out.find("authentication required"), std::string::npos) << out;
+  EXPECT_EQ(ReadAll(root_.File("with-secret")), ReadAll(source));
+  EXPECT_FALSE(PathExists(root_.File("without")));
+  auto server_err = ReadFileToString(src_.File("server.err"));
+  ASSERT_TRUE(server_err.ok());
+  EXPECT_EQ(server_err->find("OPEN"), std::string::npos) << *server_err;
 }
 
 TEST_F(RcopyServerTest, CliRefusedPathFailsWithReasonAndJson) {

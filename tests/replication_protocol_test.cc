@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include "replication/auth.h"
 #include "replication/protocol.h"
 #include "replication/ring.h"
 
@@ -137,34 +136,6 @@ TEST(ProtocolTest, ConsistencyLevels) {
   EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 4), 3u);
   EXPECT_EQ(RequiredAcks(ConsistencyLevel::kAll, 3), 3u);
   EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 1), 1u);
-}
-
-TEST(AuthTest, ProofsDependOnSecretSideAndNonces) {
-  const std::string na = Nonce('a'), nb = Nonce('b'), nc = Nonce('c');
-  AuthTranscript t{"prod", "1", "2", na, nb};
-  std::string p = ComputeProof("secret-1234", ProofSide::kListener, t);
-  EXPECT_EQ(p.size(), kProofBytes);
-  EXPECT_TRUE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kListener, t)));
-  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1235", ProofSide::kListener, t)));
-  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kDialer, t)));
-  AuthTranscript t2 = t;
-  t2.listener_nonce = nc;
-  EXPECT_FALSE(ProofsEqual(p, ComputeProof("secret-1234", ProofSide::kListener, t2)));
-  EXPECT_FALSE(ProofsEqual(p, p.substr(1)));
-  EXPECT_FALSE(ProofsEqual("", ""));
-  auto n1 = RandomNonce();
-  auto n2 = RandomNonce();
-  ASSERT_TRUE(n1.ok() && n2.ok());
-  EXPECT_EQ(n1->size(), kNonceBytes);
-  EXPECT_NE(*n1, *n2);
-}
-
-TEST(AuthTest, LoadClusterSecret) {
-  EXPECT_EQ(*LoadClusterSecret("abcdefgh", ""), "abcdefgh");
-  EXPECT_FALSE(LoadClusterSecret("short", "").ok());
-  EXPECT_FALSE(LoadClusterSecret("", "").ok());
-  EXPECT_FALSE(LoadClusterSecret("abcdefgh", "/x").ok());
-  EXPECT_FALSE(LoadClusterSecret("", "/nonexistent/secret").ok());
 }
 
 std::vector<std::string> NodeIds(int n, int first = 1) {

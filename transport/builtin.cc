@@ -19,6 +19,7 @@ void RegisterBuiltinTransports() {
   std::call_once(once, [] {
     TransportRegistry& registry = TransportRegistry::Global();
     (void)RegisterTcpTransport(registry);
+    (void)RegisterTlsTcpTransport(registry);
 #if CANOPY_HAVE_DPDK
     (void)RegisterDpdkTransport(registry);
 #else

@@ -24,6 +24,7 @@
 #include "tools/bench/perftest.h"
 #include "tools/cli/cli.h"
 #include "tools/http/metrics_endpoint.h"
+#include "transport/auth.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -89,8 +90,20 @@ int RunServer(const po::variables_map& vm) {
   const bool quiet = vm.count("quiet") > 0;
   canopy::SetLogLevel(quiet ? canopy::LogLevel::kWarn : canopy::LogLevel::kInfo);
   BenchServerOptions options;
-  options.listen_uri = MakeUri(vm["transport"].as<std::string>(), vm["bind"].as<std::string>(),
-                               vm["port"].as<uint16_t>());
+  if (vm.count("secret-file")) {
+    auto secret = canopy::transport::LoadSecretFile(vm["secret-file"].as<std::string>());
+    if (!secret.ok()) return UsageError("--secret-file: " + secret.status().message(), false);
+    options.secret = std::move(secret).value();
+  }
+  // An open server (no secret) listens on loopback unless --bind says otherwise.
+  const std::string bind =
+      vm.count("bind") ? vm["bind"].as<std::string>() : (options.secret.empty() ? "127.0.0.1" : "0.0.0.0");
+  if (options.secret.empty()) {
+    std::cerr << "bench: WARNING: this server is OPEN (no --secret-file): anyone who can reach " << bind
+              << " can use it" << (vm.count("bind") ? "" : "; it listens on loopback only (use --bind to serve other hosts)")
+              << "\n";
+  }
+  options.listen_uri = MakeUri(vm["transport"].as<std::string>(), bind, vm["port"].as<uint16_t>());
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
   double idle = vm["idle-timeout"].as<double>();
   if (idle <= 0) return UsageError("--idle-timeout must be > 0", false);
@@ -289,6 +302,11 @@ int RunClient(const po::variables_map& vm) {
   }
   options.bulk = vm.count("bulk") > 0;
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
+  if (vm.count("secret-file")) {
+    auto secret = canopy::transport::LoadSecretFile(vm["secret-file"].as<std::string>());
+    if (!secret.ok()) return UsageError("--secret-file: " + secret.status().message(), json);
+    options.secret = std::move(secret).value();
+  }
   double connect_timeout = vm["connect-timeout"].as<double>();
   if (!(connect_timeout > 0)) return UsageError("--connect-timeout must be > 0", json);
   options.transport.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout * 1000));
@@ -415,6 +433,9 @@ int main(int argc, char** argv) {
       ("transport", po::value<std::string>()->default_value("tcp"), "transport backend: tcp, dpdk or rdma")
       ("transport-arg", po::value<std::vector<std::string>>()->default_value({}, "")->composing(),
        "argument for the backend, repeatable, split on spaces (DPDK EAL arguments, RDMA device=...)")
+      ("secret-file", po::value<std::string>(),
+       "file holding the shared secret (at least 8 bytes): client and server authenticate each other with "
+       "HMAC-SHA256 before the test starts; both sides need the same one")
       ("quiet,q", "print nothing but errors (and the JSON with --json)")
       ("affinity,a", po::value<int>(), "pin this process (client or server) to CPU N (sched_setaffinity)");
   po::options_description client("Client options (bench HOST)");
@@ -442,7 +463,8 @@ int main(int argc, char** argv) {
   server.add_options()
       ("server", "run the server: sink bandwidth rounds (or send them: -R, --bidir), echo pings; "
        "several clients at once")
-      ("bind", po::value<std::string>()->default_value("0.0.0.0"), "address to listen on")
+      ("bind", po::value<std::string>(),
+       "address to listen on (default: 0.0.0.0 with --secret-file, 127.0.0.1 without)")
       ("idle-timeout", po::value<double>()->default_value(60.0), "drop a connection silent for this many seconds")
       ("max-duration", po::value<double>()->default_value(0.0),
        "end a client session longer than this many seconds with an error (0: no limit)")

@@ -23,6 +23,7 @@
 #include "base/logging.h"
 #include "base/metrics.h"
 #include "fmt/format.h"
+#include "transport/auth.h"
 #include "transport/registry.h"
 
 namespace canopy::bench {
@@ -56,6 +57,30 @@ uint32_t BurstFor(uint64_t size) {
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The shared handshake on bench's wire: refusals are ERROR texts. The server
+// sends none from the handshake itself (it reports the failure with ERROR
+// and drains, like any other), the client does.
+class BenchAuthWire final : public transport::BasicAuthWire {
+ public:
+  explicit BenchAuthWire(bool send_refusals) : BasicAuthWire(kMsgAuthFirst), send_refusals_(send_refusals) {}
+  void SendRefusal(Connection& conn, const Status& why) override {
+    if (send_refusals_) (void)conn.Send(kMsgError, why.ToString());
+  }
+  Status Unexpected(const transport::Message& message, Step expected) override {
+    if (message.type == kMsgError) return Status::PermissionDenied("refused by the server: " + message.payload);
+    return BasicAuthWire::Unexpected(message, expected);
+  }
+
+ private:
+  const bool send_refusals_;
+};
+
+Status OpenServerRefusal() {
+  return Status::PermissionDenied(
+      "this bench server is open (started without --secret-file) and does not authenticate; give it the same "
+      "--secret-file, or drop it on the client");
+}
 
 // Receives the next message and checks its type; the server's kMsgError
 // becomes Aborted with its text.
@@ -606,6 +631,12 @@ Result<std::vector<SizeResult>> RunSweep(const SweepOptions& options,
     }
   }
   CANOPY_ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn, transport::Dial(options.uri, options.transport));
+  if (!options.secret.empty()) {
+    BenchAuthWire wire(/*send_refusals=*/true);
+    transport::AuthIdentity self{"bench", "bench-client-" + std::to_string(::getpid()), options.secret};
+    auto server = transport::AuthenticateDialer(*conn, wire, self, Deadline::After(options.transport.io_timeout));
+    if (!server.ok()) return server.status().WithContext("authentication with --secret-file");
+  }
   SizeRunner runner(*conn, options);
   std::vector<SizeResult> results;
   for (uint64_t size : options.sizes) {
@@ -784,6 +815,15 @@ class BenchServer::Impl {
     std::string send_buffer;  // reverse/bidir payload
     std::unique_ptr<RoundSender> sender;
     CpuSnapshot cpu;
+    if (!options_.secret.empty()) {
+      BenchAuthWire wire(/*send_refusals=*/false);
+      transport::AuthIdentity self{"bench", "bench-server", options_.secret};
+      auto client = transport::AuthenticateListener(conn, wire, self, Deadline::After(options_.idle_timeout));
+      if (!client.ok()) {
+        // Closed / Aborted would pass silently: a refusal always gets ERROR.
+        return client.status().IsClosed() ? Status::Unavailable(client.status().message()) : client.status();
+      }
+    }
     for (;;) {
       Clock::time_point now = Clock::now();
       if (now >= session_end) return session_over();
@@ -873,6 +913,7 @@ class BenchServer::Impl {
           break;
         }
         default:
+          if (m->type == kMsgAuthFirst && options_.secret.empty()) return OpenServerRefusal();
           return Status::Corruption(fmt::format("unexpected message type 0x{:04x}", m->type));
       }
     }

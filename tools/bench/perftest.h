@@ -79,6 +79,10 @@ inline constexpr uint16_t kMsgDone = 0x4208;   // server: DoneCounts
 inline constexpr uint16_t kMsgError = 0x4209;  // server: text of what went wrong
 inline constexpr uint16_t kMsgPull = 0x420a;   // client: send me a round of `burst` DATA (reverse/bidir)
 inline constexpr uint16_t kMsgMeasure = 0x420b;  // client: the measured part starts (CPU meter)
+// With a shared secret (--secret-file) a connection starts with the mutual
+// HMAC-SHA256 handshake of transport/auth.h (BasicAuthWire, realm "bench"):
+// types kMsgAuthFirst .. +4; a refusal travels as kMsgError.
+inline constexpr uint16_t kMsgAuthFirst = 0x42f0;
 
 enum class TestKind : uint8_t { kBandwidth = 1, kLatency = 2 };
 // Who sends the bandwidth payload: the client (forward), the server (reverse)
@@ -142,6 +146,7 @@ struct SweepOptions {
   bool latency = true;
   bool bulk = false;
   transport::TransportOptions transport;
+  std::string secret;  // the server's shared secret; empty: do not authenticate
 };
 
 // CPU time of one process over a measured test, as % of one core.
@@ -239,6 +244,10 @@ struct BenchServerOptions {
   std::chrono::milliseconds max_duration{0};
   size_t max_connections = 64;  // more at once are answered ERROR "server busy"
   int32_t affinity = -1;  // reported in DONE (the caller pins the process)
+  // When set, a client must pass the handshake (see kMsgAuthFirst) before
+  // anything else is read; empty: an open server, which answers an
+  // authenticating client with ERROR.
+  std::string secret;
 };
 
 // Answers bench clients: sinks DATA (ACK per burst), sends DATA rounds on

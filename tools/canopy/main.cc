@@ -32,7 +32,7 @@
 
 #include "base/file.h"
 #include "base/logging.h"
-#include "replication/auth.h"
+#include "transport/auth.h"
 #include "replication/client.h"
 #include "replication/node.h"
 #include "replication/protocol.h"
@@ -107,7 +107,7 @@ bool Parse(int argc, char** argv, po::options_description& d, const char* usage)
 }
 
 std::unique_ptr<Client> ConnectClient(const ClientArgs& a) {
-  auto secret = LoadClusterSecret(a.secret, a.secret_file);
+  auto secret = transport::LoadSharedSecret(a.secret, a.secret_file);
   if (!secret.ok()) throw UsageError(secret.status().message());
   ClientOptions o;
   o.cluster = a.cluster;
@@ -225,7 +225,7 @@ int RunNode(int argc, char** argv) {
                             "[--seed URI ...]"))
     return 0;
   if (!log_level.empty()) SetLogLevel(ParseLogLevel(log_level));
-  auto s = LoadClusterSecret(secret, secret_file);
+  auto s = transport::LoadSharedSecret(secret, secret_file);
   if (!s.ok()) throw UsageError(s.status().message());
   o.secret = *s;
   http::ServerOptions http_options;

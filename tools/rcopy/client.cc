@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "base/file.h"
 #include "fmt/format.h"
+#include "tools/rcopy/auth.h"
 #include "tools/rcopy/checksum.h"
 #include "transport/registry.h"
 
@@ -240,6 +241,14 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
     return std::nullopt;
   }
   std::unique_ptr<Connection> conn = std::move(dialed).value();
+  if (!o.secret.empty()) {
+    Status authenticated = AuthenticateToServer(*conn, o.secret, Deadline::After(o.transport.io_timeout));
+    if (!authenticated.ok()) {
+      ctx.state.Fail(Rank::kServer, authenticated.WithContext(where + ctx.uri));
+      ctx.state.StreamDoneSending();
+      return std::nullopt;
+    }
+  }
 
   OpenRequest open;
   open.transfer_id = ctx.transfer_id;
@@ -396,6 +405,9 @@ Result<ResumeInfo> QueryResumeBase(const ClientOptions& o, const std::string& ur
   auto dialed = transport::Dial(uri, o.transport);
   if (!dialed.ok()) return dialed.status();
   std::unique_ptr<Connection> conn = std::move(dialed).value();
+  if (!o.secret.empty()) {
+    CANOPY_RETURN_IF_ERROR(AuthenticateToServer(*conn, o.secret, Deadline::After(o.transport.io_timeout)));
+  }
   QueryRequest query{o.destination, o.checksum, source_size};
   CANOPY_RETURN_IF_ERROR(conn->Send(kMsgQuery, EncodeQuery(query)).WithContext("send QUERY"));
   auto reply = conn->Receive(DiskDeadline(o.transport.io_timeout, source_size));

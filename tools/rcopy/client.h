@@ -72,6 +72,9 @@ struct ClientOptions {
   bool keep_partial = true;         // ask the server to keep an interrupted copy's prefix
   uint64_t rate_bits_per_second = 0;  // 0: unlimited
   transport::TransportOptions transport;
+  // Shared secret of the server (tools/rcopy/auth.h); empty: do not
+  // authenticate (the server must then be open).
+  std::string secret;
   // Called about every 200 ms while the copy runs, and once at the end, with
   // the bytes the server has (skipped + sent) and the file size.
   std::function<void(uint64_t bytes_done, uint64_t total_bytes)> progress;

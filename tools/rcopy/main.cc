@@ -33,6 +33,7 @@
 #include "tools/rcopy/file_list.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/server.h"
+#include "transport/auth.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
 
@@ -205,8 +206,20 @@ int RunServer(const po::variables_map& vm) {
 
   ServerOptions options;
   options.root = vm["root"].as<std::string>();
-  options.listen_uri = ClientUri(vm["transport"].as<std::string>(), vm["bind"].as<std::string>(),
-                                 vm["port"].as<uint16_t>());
+  if (vm.count("secret-file")) {
+    auto secret = canopy::transport::LoadSecretFile(vm["secret-file"].as<std::string>());
+    if (!secret.ok()) return UsageError("--secret-file: " + secret.status().message(), json);
+    options.secret = std::move(secret).value();
+  }
+  // An open server (no secret) listens on loopback unless --bind says otherwise.
+  const std::string bind =
+      vm.count("bind") ? vm["bind"].as<std::string>() : (options.secret.empty() ? "127.0.0.1" : "0.0.0.0");
+  if (options.secret.empty()) {
+    std::cerr << "rcopy: WARNING: this server is OPEN (no --secret-file): anyone who can reach " << bind
+              << " can write files into " << options.root
+              << (vm.count("bind") ? "" : "; it listens on loopback only (use --bind to serve other hosts)") << "\n";
+  }
+  options.listen_uri = ClientUri(vm["transport"].as<std::string>(), bind, vm["port"].as<uint16_t>());
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
   double idle = vm["idle-timeout"].as<double>();
   if (!(idle > 0)) return UsageError("--idle-timeout must be > 0", json);
@@ -409,6 +422,11 @@ int RunClient(const po::variables_map& vm) {
     options.rate_bits_per_second = *rate;
   }
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
+  if (vm.count("secret-file")) {
+    auto secret = canopy::transport::LoadSecretFile(vm["secret-file"].as<std::string>());
+    if (!secret.ok()) return UsageError("--secret-file: " + secret.status().message(), json);
+    options.secret = std::move(secret).value();
+  }
   double connect_timeout = vm["connect-timeout"].as<double>();
   double timeout = vm["timeout"].as<double>();
   if (!(connect_timeout > 0) || !(timeout > 0)) return UsageError("timeouts must be > 0", json);
@@ -566,6 +584,9 @@ int main(int argc, char** argv) {
       ("transport-arg", po::value<std::vector<std::string>>()->default_value({}, "")->composing(),
        "argument for the backend, repeatable, split on spaces: DPDK EAL arguments such as "
        "--transport-arg='--no-huge -m 512 --vdev=net_memif0', or RDMA device=mlx5_0")
+      ("secret-file", po::value<std::string>(),
+       "file holding the shared secret (at least 8 bytes; a trailing newline is dropped): client and server "
+       "authenticate each other with HMAC-SHA256 before any data moves; both sides need the same one")
       ("quiet,q", "print nothing but errors (client: no progress bar, no summary)")
       ("json", "print the result as one JSON object on stdout, also on failure and on usage errors "
                "(client: the copy report; server: its statistics when it stops); "
@@ -600,7 +621,9 @@ int main(int argc, char** argv) {
   server.add_options()
       ("server", "run the server")
       ("root", po::value<std::string>(), "directory to write received files into (must exist)")
-      ("bind", po::value<std::string>()->default_value("0.0.0.0"), "address to listen on")
+      ("bind", po::value<std::string>(),
+       "address to listen on (default: 0.0.0.0 with --secret-file, 127.0.0.1 without: an open server "
+       "serves only this host unless told otherwise)")
       ("idle-timeout", po::value<double>()->default_value(60.0),
        "seconds a connection may stay silent before it is dropped (its transfer fails; what arrived "
        "is kept for --resume)")

@@ -19,6 +19,7 @@
 #include "base/file.h"
 #include "base/logging.h"
 #include "fmt/format.h"
+#include "tools/rcopy/auth.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/safe_path.h"
@@ -519,6 +520,7 @@ class Server::Impl {
     s.connections = connections_.load();
     s.files_published = published_.load();
     s.transfers_failed = failed_.load();
+    s.auth_failures = auth_failures_.load();
     s.bytes_received = bytes_.load();
     return s;
   }
@@ -648,12 +650,25 @@ class Server::Impl {
 
   void Serve(Connection& conn) {
     const std::string peer = conn.peer_uri();
+    if (!options_.secret.empty()) {
+      Status authenticated = AuthenticateClient(conn, options_.secret, Deadline::After(options_.idle_timeout));
+      if (!authenticated.ok()) {
+        auth_failures_.fetch_add(1);
+        CANOPY_LOG(kWarn, "rcopy server: {}: refused: {}", peer, authenticated.ToString());
+        (void)conn.Shutdown();
+        conn.Close();
+        return;
+      }
+    }
     auto first = conn.Receive(Deadline::After(options_.idle_timeout));
     if (!first.ok()) {
       CANOPY_LOG(kDebug, "rcopy server: {}: no OPEN: {}", peer, first.status().ToString());
       return;
     }
     if (first->type == kMsgQuery && first->bulk_bytes == 0) return AnswerQuery(conn, first->payload);
+    if (IsAuthHello(first->type) && options_.secret.empty()) {
+      return RefuseAndClose(conn, OpenServerRefusal(), first->bulk_bytes == 0);
+    }
     if (first->type != kMsgOpen) {
       RefuseAndClose(conn, Status::Corruption(fmt::format("expected OPEN, got message type 0x{:04x}", first->type)),
                      first->bulk_bytes == 0);
@@ -964,6 +979,7 @@ class Server::Impl {
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> published_{0};
   std::atomic<uint64_t> failed_{0};
+  std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> bytes_{0};
 };
 

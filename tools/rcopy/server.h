@@ -58,6 +58,10 @@ struct ServerOptions {
   // Connections beyond this are answered with a ResourceExhausted RESULT
   // ("server busy: ...") and closed; the client reports it and gives up.
   size_t max_connections = 256;
+  // Shared secret (tools/rcopy/auth.h): when set, every connection must pass
+  // the mutual HMAC-SHA256 handshake before anything else is read; empty: an
+  // open server that answers authenticating clients with PermissionDenied.
+  std::string secret;
 };
 
 struct ServerStats {
@@ -66,6 +70,7 @@ struct ServerStats {
   uint64_t peak_active_connections = 0;  // most served at once so far
   uint64_t files_published = 0;   // transfers renamed into place (or sunk)
   uint64_t transfers_failed = 0;
+  uint64_t auth_failures = 0;     // connections refused by the handshake
   uint64_t bytes_received = 0;    // bulk bytes over all connections
 };
 

@@ -14,6 +14,26 @@
 namespace canopy::transport {
 namespace {
 
+// dpdk:// does not encrypt: TLS settings are refused rather than ignored.
+bool IsTlsSetting(const std::string& key) {
+  return key == "cert" || key == "key" || key == "ca" || key == "tls" || key == "server_name" ||
+         key == "verify_host" || key == "ktls";
+}
+
+Status RefuseTlsSettings(const std::map<std::string, std::string>& params, const std::vector<std::string>& args) {
+  std::string found;
+  for (const auto& [key, value] : params) {
+    if (IsTlsSetting(key)) found = key;
+  }
+  for (const std::string& arg : args) {
+    if (IsTlsSetting(arg.substr(0, arg.find('=')))) found = arg.substr(0, arg.find('='));
+  }
+  if (found.empty()) return Status::Ok();
+  return Status::NotSupported("dpdk:// does not encrypt (its frames cross the wire in the clear), so the TLS "
+                              "setting '" + found + "' cannot apply; use tls+tcp:// to encrypt");
+}
+
+
 using dpdk::CanopyArgs;
 using dpdk::ConnParams;
 using dpdk::ConnState;
@@ -281,6 +301,7 @@ class DpdkTransport final : public Transport {
   }
 
   Result<std::shared_ptr<DpdkPort>> PortFor(const Endpoint& e) {
+    CANOPY_RETURN_IF_ERROR(RefuseTlsSettings(e.params, {}));
     dpdk::PortSettings settings;
     settings.mtu = args_.mtu;
     settings.mbufs = args_.mbufs;
@@ -310,10 +331,12 @@ class DpdkTransport final : public Transport {
 
 }  // namespace
 
+
 Status RegisterDpdkTransport(TransportRegistry& registry) {
   return registry.Register(
       "dpdk", "canopy's reliable stream over UDP/IPv4 on DPDK ports (EAL arguments in backend_args)",
       [](const TransportOptions& options) -> Result<std::shared_ptr<Transport>> {
+        CANOPY_RETURN_IF_ERROR(RefuseTlsSettings({}, options.backend_args));
         CANOPY_ASSIGN_OR_RETURN(auto split, dpdk::SplitBackendArgs(options.backend_args));
         CANOPY_ASSIGN_OR_RETURN(DpdkEnv * env, DpdkEnv::Acquire(split.eal));
         return std::shared_ptr<Transport>(new DpdkTransport(env, std::move(split.canopy), options));

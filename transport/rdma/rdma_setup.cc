@@ -164,6 +164,12 @@ Result<RdmaOptions> ParseRdmaOptions(const TransportOptions& options,
       out.slot_bytes = static_cast<uint32_t>(v);
     } else if (key == "eager_bulk") {
       CANOPY_ASSIGN_OR_RETURN(out.eager_bulk, ParseSize(key, value, 0, 1ull << 40));
+    } else if (key == "cert" || key == "key" || key == "ca" || key == "tls" || key == "server_name" ||
+               key == "verify_host" || key == "ktls") {
+      return Status::NotSupported(fmt::format(
+          "rdma:// does not encrypt (RDMA moves memory in the clear, the NIC bypasses the kernel's TLS), so the "
+          "TLS setting '{}' cannot apply; use tls+tcp:// to encrypt",
+          key));
     } else {
       return Status::InvalidArgument(
           fmt::format("rdma: unknown option '{}' (known: device, cq_mode, slot_bytes, eager_bulk)", key));

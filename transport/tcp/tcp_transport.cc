@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -109,12 +111,24 @@ struct SocketConfig {
   bool nodelay = true;
   bool zero_copy = true;
   size_t buffer_bytes = 0;
+  std::optional<TlsConfig> tls;  // tls+tcp://
 };
 
-Result<SocketConfig> ParseParams(const Endpoint& endpoint, const TransportOptions& options) {
+Result<SocketConfig> ParseParams(const Endpoint& endpoint, const TransportOptions& options, bool tls) {
   SocketConfig config;
   config.buffer_bytes = options.buffer_bytes;
-  for (const auto& [key, value] : endpoint.params) {
+  std::map<std::string, std::string> params = endpoint.params;
+  if (tls) {
+    CANOPY_ASSIGN_OR_RETURN(config.tls, ExtractTlsConfig(&params, options.backend_args));
+  } else {
+    for (const auto& [key, value] : params) {
+      if (IsTlsParameter(key)) {
+        return Status::InvalidArgument("tcp URI parameter '" + key +
+                                       "' is a TLS setting: use the tls+tcp:// scheme to encrypt");
+      }
+    }
+  }
+  for (const auto& [key, value] : params) {
     if (key == "nodelay") {
       if (value == "1" || value == "true") {
         config.nodelay = true;
@@ -132,7 +146,9 @@ Result<SocketConfig> ParseParams(const Endpoint& endpoint, const TransportOption
         return Status::InvalidArgument("tcp URI parameter zerocopy must be 0 or 1, got '" + value + "'");
       }
     } else {
-      return Status::InvalidArgument("unknown tcp URI parameter '" + key + "' (known: nodelay, zerocopy)");
+      return Status::InvalidArgument("unknown " + std::string(tls ? "tls+tcp" : "tcp") + " URI parameter '" + key +
+                                     (tls ? "' (known: nodelay, zerocopy, cert, key, ca, verify_host, server_name, ktls)"
+                                          : "' (known: nodelay, zerocopy)"));
     }
   }
   return config;
@@ -186,6 +202,12 @@ Result<AddrInfoPtr> Resolve(const Endpoint& endpoint, bool passive) {
   return AddrInfoPtr(result);
 }
 
+// "tcp://..." of a socket address, under the transport's own scheme.
+std::string PeerUriOf(const void* address, size_t length, bool tls) {
+  std::string uri = SockaddrToUri(address, length);
+  return tls ? "tls+" + uri : uri;
+}
+
 std::string UriOf(const Endpoint& endpoint) {
   Endpoint plain = endpoint;
   plain.params.clear();
@@ -197,8 +219,12 @@ std::string UriOf(const Endpoint& endpoint) {
 class TcpListener final : public Listener {
  public:
   TcpListener(UniqueFd fd, UniqueFd wake, Endpoint local, SocketConfig config,
-              const TransportOptions& options)
-      : gate_(std::move(fd), std::move(wake)), local_(std::move(local)), config_(config), options_(options) {}
+              const TransportOptions& options, std::shared_ptr<TlsContext> tls)
+      : gate_(std::move(fd), std::move(wake)),
+        local_(std::move(local)),
+        config_(config),
+        options_(options),
+        tls_(std::move(tls)) {}
   ~TcpListener() override { gate_.Close(); }
 
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
@@ -213,10 +239,18 @@ class TcpListener final : public Listener {
         UniqueFd socket(fd);
         ConfigureSocket(fd, config_, false);
         CANOPY_ASSIGN_OR_RETURN(UniqueFd wake, MakeEventFd());
-        std::string peer_uri = SockaddrToUri(&peer, peer_len);
-        CountersForScheme("tcp").accepted->Increment();
-        return std::unique_ptr<Connection>(new TcpConnection(
-            std::move(socket), std::move(wake), std::move(peer_uri), options_, config_.zero_copy));
+        std::string peer_uri = PeerUriOf(&peer, peer_len, tls_ != nullptr);
+        CountersForScheme(tls_ ? "tls+tcp" : "tcp").accepted->Increment();
+        std::unique_ptr<TlsSession> session;
+        if (tls_) {
+          CANOPY_ASSIGN_OR_RETURN(session, TlsSession::Create(tls_, fd, ""));
+        }
+        auto conn = std::make_unique<TcpConnection>(std::move(socket), std::move(wake), std::move(peer_uri),
+                                                    options_, config_.zero_copy, std::move(session));
+        // The handshake runs beside, not in, Accept: a silent client holds a
+        // thread for at most io_timeout, never the accept loop.
+        if (tls_) conn->StartHandshakeThread(std::max(options_.io_timeout, options_.connect_timeout));
+        return std::unique_ptr<Connection>(std::move(conn));
       }
       int err = errno;
       if (err == EINTR || err == ECONNABORTED || err == EPROTO || err == ENETDOWN || err == ENOPROTOOPT ||
@@ -247,17 +281,22 @@ class TcpListener final : public Listener {
   const Endpoint local_;
   const SocketConfig config_;
   const TransportOptions options_;
+  const std::shared_ptr<TlsContext> tls_;  // null for plain TCP
 };
 
 // ---------------------------------------------------------------- TcpTransport
 
 class TcpTransport final : public Transport {
  public:
-  explicit TcpTransport(const TransportOptions& options) : options_(options) {}
-  std::string_view scheme() const override { return "tcp"; }
+  TcpTransport(const TransportOptions& options, bool tls) : options_(options), tls_(tls) {}
+  std::string_view scheme() const override { return tls_ ? "tls+tcp" : "tcp"; }
 
   Result<std::unique_ptr<Listener>> Listen(const Endpoint& local) override {
-    CANOPY_ASSIGN_OR_RETURN(SocketConfig config, ParseParams(local, options_));
+    CANOPY_ASSIGN_OR_RETURN(SocketConfig config, ParseParams(local, options_, tls_));
+    std::shared_ptr<TlsContext> context;
+    if (config.tls) {
+      CANOPY_ASSIGN_OR_RETURN(context, TlsContext::Create(*config.tls, /*server=*/true));
+    }
     CANOPY_ASSIGN_OR_RETURN(AddrInfoPtr addresses, Resolve(local, true));
     Status last = Status::Unavailable("no address to listen on for " + UriOf(local));
     for (addrinfo* ai = addresses.get(); ai != nullptr; ai = ai->ai_next) {
@@ -283,17 +322,22 @@ class TcpTransport final : public Transport {
         return ErrnoStatus(errno, "getsockname of listener " + UriOf(local));
       }
       CANOPY_ASSIGN_OR_RETURN(Endpoint actual, ParseEndpoint(SockaddrToUri(&bound, bound_len)));
+      actual.scheme = local.scheme;
       actual.params = local.params;
       CANOPY_ASSIGN_OR_RETURN(UniqueFd wake, MakeEventFd());
       CANOPY_LOG(kDebug, "tcp: listening on {}", actual.ToUri());
       return std::unique_ptr<Listener>(
-          new TcpListener(std::move(fd), std::move(wake), actual, config, options_));
+          new TcpListener(std::move(fd), std::move(wake), actual, config, options_, context));
     }
     return last;
   }
 
   Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) override {
-    CANOPY_ASSIGN_OR_RETURN(SocketConfig config, ParseParams(remote, options_));
+    CANOPY_ASSIGN_OR_RETURN(SocketConfig config, ParseParams(remote, options_, tls_));
+    std::shared_ptr<TlsContext> context;
+    if (config.tls) {
+      CANOPY_ASSIGN_OR_RETURN(context, TlsContext::Create(*config.tls, /*server=*/false));
+    }
     if (remote.port == 0) return Status::InvalidArgument("cannot connect to port 0 (" + UriOf(remote) + ")");
     Deadline deadline = Deadline::After(options_.connect_timeout);
     CANOPY_ASSIGN_OR_RETURN(AddrInfoPtr addresses, Resolve(remote, false));
@@ -333,11 +377,21 @@ class TcpTransport final : public Transport {
       sockaddr_storage peer{};
       socklen_t peer_len = sizeof(peer);
       std::string peer_uri = ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0
-                                 ? SockaddrToUri(&peer, peer_len)
+                                 ? PeerUriOf(&peer, peer_len, tls_)
                                  : target;
-      CountersForScheme("tcp").dialed->Increment();
-      return std::unique_ptr<Connection>(
-          new TcpConnection(std::move(fd), std::move(wake), peer_uri, options_, config.zero_copy));
+      CountersForScheme(context ? "tls+tcp" : "tcp").dialed->Increment();
+      std::unique_ptr<TlsSession> session;
+      if (context) {
+        CANOPY_ASSIGN_OR_RETURN(session, TlsSession::Create(context, fd.get(), remote.host));
+      }
+      auto conn = std::make_unique<TcpConnection>(std::move(fd), std::move(wake), peer_uri, options_,
+                                                  config.zero_copy, std::move(session));
+      if (context) {
+        // The TLS handshake shares the connect deadline (at least a second of it).
+        CANOPY_RETURN_IF_ERROR(
+            conn->HandshakeNow(deadline.expired() ? Deadline::After(std::chrono::seconds(1)) : deadline));
+      }
+      return std::unique_ptr<Connection>(std::move(conn));
     }
     if (deadline.expired() && !last.IsTimeout() && !last.IsUnavailable()) {
       last = Status::Timeout("connect to " + UriOf(remote) + " timed out after " +
@@ -348,6 +402,7 @@ class TcpTransport final : public Transport {
 
  private:
   const TransportOptions options_;
+  const bool tls_;
 };
 
 void IgnoreSigpipeOnce() {
@@ -367,11 +422,25 @@ void IgnoreSigpipeOnce() {
 Result<std::shared_ptr<Transport>> CreateTcpTransport(const TransportOptions& options) {
   if (options.max_message_bytes == 0) return Status::InvalidArgument("max_message_bytes must be > 0");
   tcp_internal::IgnoreSigpipeOnce();
-  return std::shared_ptr<Transport>(std::make_shared<tcp_internal::TcpTransport>(options));
+  return std::shared_ptr<Transport>(std::make_shared<tcp_internal::TcpTransport>(options, /*tls=*/false));
+}
+
+Result<std::shared_ptr<Transport>> CreateTlsTcpTransport(const TransportOptions& options) {
+  if (options.max_message_bytes == 0) return Status::InvalidArgument("max_message_bytes must be > 0");
+  // Refuse malformed backend arguments now rather than at the first connection.
+  std::map<std::string, std::string> none;
+  CANOPY_RETURN_IF_ERROR(tcp_internal::ExtractTlsConfig(&none, options.backend_args).status());
+  tcp_internal::IgnoreSigpipeOnce();
+  return std::shared_ptr<Transport>(std::make_shared<tcp_internal::TcpTransport>(options, /*tls=*/true));
 }
 
 Status RegisterTcpTransport(TransportRegistry& registry) {
   return registry.Register("tcp", "kernel TCP (sockets, sendfile/splice bulk path)", CreateTcpTransport);
+}
+
+Status RegisterTlsTcpTransport(TransportRegistry& registry) {
+  return registry.Register("tls+tcp", "TLS 1.3 over kernel TCP (OpenSSL; kernel TLS keeps sendfile/splice)",
+                           CreateTlsTcpTransport);
 }
 
 }  // namespace canopy::transport

@@ -15,7 +15,8 @@
 //   zerocopy=0|1  file bulk via sendfile/splice (default 1); 0 copies through
 //                 a user-space buffer (pread+send, recv+pwrite), for comparison
 //                 and for file systems where splice is slow
-// Unknown parameters are refused with InvalidArgument.
+// Unknown parameters are refused with InvalidArgument; TLS settings (cert=,
+// ca=, ...) on tcp:// are refused with a pointer to tls+tcp:// below.
 //
 // Close semantics: Shutdown() sends FIN after all queued data (the peer's
 // Receive returns Closed once it has read everything). Close() and the
@@ -44,5 +45,36 @@ Result<std::shared_ptr<Transport>> CreateTcpTransport(const TransportOptions& op
 // Registers scheme "tcp" with CreateTcpTransport as factory. AlreadyExists
 // if "tcp" is registered already.
 Status RegisterTcpTransport(TransportRegistry& registry);
+
+// tls+tcp://host:port: the same backend with TLS 1.3 (OpenSSL) on every
+// connection. The TLS settings (tls.h: cert=, key=, ca=, verify_host=,
+// server_name=, ktls=) come from TransportOptions::backend_args as
+// "key=value" words and from the URI's parameters (which win); the TCP
+// parameters above work too. A listener needs cert and key; with ca it
+// demands a client certificate signed by that CA (mutual TLS). A dialer
+// verifies the server against ca (default: the system trust store) and, with
+// verify_host=1 (default), that the certificate names the host dialed.
+// TLS 1.3 only; no session tickets, no renegotiation.
+//
+// Handshakes: Connect runs the client's within connect_timeout and fails
+// with its error. Accept returns at once; the server's handshake runs on a
+// short-lived thread of the connection (at most max(io_timeout,
+// connect_timeout)), so an accept loop never waits on a client; the
+// connection's first Send/Receive waits for it (within its own deadline) and
+// fails with its error, and so does every later call. Under TLS 1.3 a server
+// checks a client certificate after the client's handshake is over: a
+// refused client learns it on its first Receive (PermissionDenied).
+// Errors: PermissionDenied when a certificate does not verify (expired,
+// unknown CA, wrong host, missing client certificate) or the peer refuses
+// ours; Corruption when the peer does not speak TLS (plaintext on a TLS
+// port); Unavailable when the peer hangs up mid-handshake (e.g. a plain
+// tcp:// server). After the handshake, the error table of transport.h holds.
+//
+// Kernel TLS: where OpenSSL and the kernel hand a direction to the kernel,
+// that direction keeps sendfile/splice and plain socket calls; otherwise it
+// runs in user space (file bulk through a buffer) and the reason is logged
+// once per process (warn).
+Result<std::shared_ptr<Transport>> CreateTlsTcpTransport(const TransportOptions& options);
+Status RegisterTlsTcpTransport(TransportRegistry& registry);
 
 }  // namespace canopy::transport

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/file.h"
+#include "base/logging.h"
 #include "transport/tcp/tcp_transport_impl.h"
 
 namespace canopy::transport::tcp_internal {
@@ -33,13 +34,17 @@ bool IsUnsupportedFdError(int err) {
 }  // namespace
 
 TcpConnection::TcpConnection(UniqueFd socket, UniqueFd wake, std::string peer_uri,
-                             const TransportOptions& options, bool zero_copy)
+                             const TransportOptions& options, bool zero_copy, std::unique_ptr<TlsSession> tls)
     : gate_(std::move(socket), std::move(wake)),
+      tls_(std::move(tls)),
       peer_uri_(std::move(peer_uri)),
       options_(options),
       zero_copy_(zero_copy) {}
 
-TcpConnection::~TcpConnection() { gate_.Close(); }
+TcpConnection::~TcpConnection() {
+  gate_.Close();  // wakes a handshake thread still waiting
+  if (tls_handshake_thread_.joinable()) tls_handshake_thread_.join();
+}
 
 void TcpConnection::Close() { gate_.Close(); }
 
@@ -60,6 +65,95 @@ Status TcpConnection::SocketError(int err, std::string_view op) const {
     return Status::Unavailable(std::string(op) + " " + peer_uri_ + ": " + std::strerror(err));
   }
   return ErrnoStatus(err, std::string(op) + " " + peer_uri_);
+}
+
+// ------------------------------------------------------------------------ TLS
+
+Status TcpConnection::HandshakeNow(Deadline deadline) {
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  return EnsureTls(deadline);
+}
+
+void TcpConnection::StartHandshakeThread(std::chrono::milliseconds timeout) {
+  tls_handshake_thread_ = std::thread([this, timeout] {
+    GateUse use(gate_);
+    if (!use.entered()) return;
+    Status s = tls_->Handshake(gate_.wake_fd(), Deadline::After(timeout), peer_uri_);
+    if (!s.ok() && s.code() != StatusCode::kAborted) CANOPY_LOG(kDebug, "tls+tcp: {}", s.ToString());
+  });
+}
+
+Status TcpConnection::EnsureTls(Deadline deadline) {
+  if (!tls_) return Status::Ok();
+  return tls_->Handshake(gate_.wake_fd(), deadline, peer_uri_);
+}
+
+Status TcpConnection::TlsWriteIovecs(iovec* iov, int count, uint64_t* progress) {
+  // Gather a small message (header + payload) into one record instead of two.
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  iovec gathered;
+  if (count > 1 && total <= kTlsGatherMax) {
+    tls_gather_.clear();
+    for (int i = 0; i < count; ++i) tls_gather_.append(static_cast<const char*>(iov[i].iov_base), iov[i].iov_len);
+    gathered = iovec{tls_gather_.data(), tls_gather_.size()};
+    iov = &gathered;
+    count = 1;
+  }
+  for (int i = 0; i < count; ++i) {
+    const char* data = static_cast<const char*>(iov[i].iov_base);
+    size_t left = iov[i].iov_len;
+    while (left > 0) {
+      size_t done = 0;
+      Status error;
+      // Bounded pieces, so that the receiving thread never waits long for the session.
+      switch (tls_->Write(data, std::min(left, kTlsWriteMax), &done, &error, peer_uri_)) {
+        case TlsIo::kDone:
+          data += done;
+          left -= done;
+          *progress += done;
+          break;
+        case TlsIo::kWantWrite:
+          CANOPY_RETURN_IF_ERROR(WaitWritable());
+          break;
+        case TlsIo::kWantRead: {
+          Status s = WaitReady(gate_.fd(), gate_.wake_fd(), POLLIN, 100);
+          if (s.code() == StatusCode::kAborted) return ClosedLocally();
+          break;
+        }
+        case TlsIo::kClosed:
+          return Status::Unavailable("send to " + peer_uri_ + ": the peer ended the TLS session");
+        case TlsIo::kFailed: {
+          // A peer that refused us (e.g. our certificate) said why before it reset.
+          Status refusal = tls_->PeerRefusal(peer_uri_);
+          return refusal.ok() ? error : refusal;
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<size_t> TcpConnection::TlsReadDirect(char* dst, size_t n, Deadline deadline) {
+  for (;;) {
+    size_t done = 0;
+    Status error;
+    short wait_for = POLLIN;
+    switch (tls_->Read(dst, n, &done, &error, peer_uri_)) {
+      case TlsIo::kDone: return done;
+      case TlsIo::kClosed: return Status::Closed("");  // caller decides Closed vs Unavailable
+      case TlsIo::kFailed:
+        rx_error_ = error;
+        return rx_error_;
+      case TlsIo::kWantWrite: wait_for = POLLOUT; break;
+      case TlsIo::kWantRead: break;
+    }
+    Status s = WaitReady(gate_.fd(), gate_.wake_fd(), wait_for, deadline.poll_timeout_ms());
+    if (s.IsTimeout()) return Status::Timeout("receive from " + peer_uri_ + ": deadline passed");
+    if (s.code() == StatusCode::kAborted) return ClosedLocally();
+    CANOPY_RETURN_IF_ERROR(s);
+  }
 }
 
 // ------------------------------------------------------------------ send side
@@ -89,6 +183,7 @@ Status TcpConnection::WaitWritable() {
 }
 
 Status TcpConnection::WriteIovecs(iovec* iov, int count, int flags, uint64_t* progress) {
+  if (user_space_tls_send()) return TlsWriteIovecs(iov, count, progress);
   while (count > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
@@ -118,7 +213,7 @@ Status TcpConnection::WriteIovecs(iovec* iov, int count, int flags, uint64_t* pr
 }
 
 Status TcpConnection::SendFileRange(int file_fd, uint64_t offset, uint64_t length, uint64_t* progress) {
-  bool use_sendfile = zero_copy_;
+  bool use_sendfile = zero_copy_ && !user_space_tls_send();  // kTLS encrypts what sendfile sends
   std::vector<char> scratch;
   uint64_t done = 0;
   while (done < length) {
@@ -189,6 +284,7 @@ Status TcpConnection::SendFrame(uint16_t type, std::string_view payload, const B
   }
   GateUse use(gate_);
   if (!use.entered()) return ClosedLocally();
+  CANOPY_RETURN_IF_ERROR(EnsureTls(Deadline::After(options_.io_timeout)));
   std::lock_guard<std::mutex> lock(send_mu_);
   if (gate_.closed()) return ClosedLocally();
   if (send_shutdown_) return Status::InvalidArgument("Send after Shutdown() on connection to " + peer_uri_);
@@ -232,6 +328,7 @@ Status TcpConnection::Shutdown() {
   if (gate_.closed()) return ClosedLocally();
   if (send_shutdown_) return Status::Ok();
   send_shutdown_ = true;
+  if (tls_) tls_->SendCloseNotify();
   if (::shutdown(gate_.fd(), SHUT_WR) != 0 && errno != ENOTCONN) return SocketError(errno, "shutdown of");
   return Status::Ok();
 }
@@ -249,11 +346,15 @@ Status TcpConnection::EndOfStream(bool at_boundary) {
 }
 
 Result<size_t> TcpConnection::ReadDirect(char* dst, size_t n, Deadline deadline) {
+  if (user_space_tls_recv()) return TlsReadDirect(dst, n, deadline);
   for (;;) {
     ssize_t r = ::recv(gate_.fd(), dst, n, 0);
     if (r > 0) return static_cast<size_t>(r);
     if (r == 0) return Status::Closed("");  // caller decides Closed vs Unavailable
     if (errno == EINTR) continue;
+    // Kernel TLS receive: a record that is not data (close_notify, an
+    // alert) makes recv fail with EIO; OpenSSL reads and interprets it.
+    if (errno == EIO && tls_) return TlsReadDirect(dst, n, deadline);
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       rx_error_ = SocketError(errno, "receive from");
       return rx_error_;
@@ -311,6 +412,7 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
   GateUse use(gate_);
   if (!use.entered()) return ClosedLocally();
   if (!rx_error_.ok()) return rx_error_;
+  CANOPY_RETURN_IF_ERROR(EnsureTls(deadline));
   if (rx_bulk_pending_ > 0) {
     return Status::InvalidArgument("Receive called with " + std::to_string(rx_bulk_pending_) +
                                    " bulk bytes of the previous message not consumed (use ReceiveBulk)");
@@ -413,7 +515,8 @@ Status TcpConnection::BulkToFileBuffered(int fd, uint64_t offset, uint64_t lengt
 
 Status TcpConnection::BulkToFile(int fd, uint64_t offset, uint64_t length, Deadline deadline,
                                  uint64_t* progress) {
-  if (!zero_copy_) return BulkToFileBuffered(fd, offset, length, deadline, progress);
+  // Splicing from the socket needs the plain stream (TCP, or kernel TLS).
+  if (!zero_copy_ || user_space_tls_recv()) return BulkToFileBuffered(fd, offset, length, deadline, progress);
   uint64_t done = 0;
   // Bytes already in the receive buffer go out with pwrite.
   if (buffered() > 0) {

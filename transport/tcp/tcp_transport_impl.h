@@ -11,12 +11,14 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "base/clock.h"
 #include "base/fd.h"
 #include "base/result.h"
 #include "base/status.h"
 #include "transport/frame.h"
+#include "transport/tcp/tls.h"
 #include "transport/transport.h"
 #include "transport/transport_metrics.h"
 
@@ -85,8 +87,16 @@ class TcpConnection final : public Connection {
  public:
   // zero_copy: move file bulk with sendfile/splice (false: pread/send and
   // recv/pwrite through a user-space buffer; the URI's zerocopy=0).
+  // tls: the connection's TLS session (tls+tcp://), null for plain TCP.
+  // The dialer runs the handshake in Connect (HandshakeNow); an accepted
+  // connection runs it on a thread of its own (StartHandshakeThread), so
+  // that Accept returns at once and an accept loop never waits on a client;
+  // the first Send/Receive waits for it and fails with its error.
   TcpConnection(UniqueFd socket, UniqueFd wake, std::string peer_uri, const TransportOptions& options,
-                bool zero_copy);
+                bool zero_copy, std::unique_ptr<TlsSession> tls = nullptr);
+  Status HandshakeNow(Deadline deadline);
+  // REQUIRES: a TLS session, called once, right after construction.
+  void StartHandshakeThread(std::chrono::milliseconds timeout);
   ~TcpConnection() override;
 
   Status Send(uint16_t type, std::string_view payload) override;
@@ -124,7 +134,18 @@ class TcpConnection final : public Connection {
   // Error status for a socket syscall failure (errno `err`).
   Status SocketError(int err, std::string_view op) const;
 
+  // ---- TLS (tls_ set) ----
+  // Completes the handshake if it has not run yet.
+  Status EnsureTls(Deadline deadline);
+  // Whether a direction goes through OpenSSL instead of plain socket calls.
+  bool user_space_tls_send() const { return tls_ && !tls_->ktls_send(); }
+  bool user_space_tls_recv() const { return tls_ && !tls_->ktls_recv(); }
+  Status TlsWriteIovecs(iovec* iov, int count, uint64_t* progress);
+  Result<size_t> TlsReadDirect(char* dst, size_t n, Deadline deadline);
+
   GatedSocket gate_;
+  std::unique_ptr<TlsSession> tls_;  // after gate_: freed before the socket is closed
+  std::thread tls_handshake_thread_;  // listener side; joined by the destructor
   const std::string peer_uri_;
   const TransportOptions options_;
   const bool zero_copy_;
@@ -150,8 +171,14 @@ class TcpConnection final : public Connection {
   UniqueFd pipe_write_;
   size_t pipe_capacity_ = 0;
   bool splice_sink_ok_ = true;  // cleared when a sink refuses splice
+  // Small frames are gathered here (send_mu_ held) into one TLS record.
+  std::string tls_gather_;
   // Staging buffer for file bulk without splice (kCopyBufferSize, lazily).
   static constexpr size_t kCopyBufferSize = 1 << 20;
+  // TLS: frames up to this size are sent as one record; writes are cut to
+  // kTlsWriteMax per OpenSSL call.
+  static constexpr size_t kTlsGatherMax = 16 << 10;
+  static constexpr size_t kTlsWriteMax = 256 << 10;
   std::unique_ptr<char[]> copy_buffer_;
 
   std::atomic<uint64_t> messages_sent_{0};
