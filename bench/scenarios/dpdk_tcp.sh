@@ -49,8 +49,10 @@ mkdir -p "$work"
 
 eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
 sock=$work/memif.sock
-server_args="$eal --file-prefix=$pfx-srv --vdev=net_memif0,role=server,socket=$sock"
-client_args="$eal --file-prefix=$pfx-cli --vdev=net_memif0,role=client,socket=$sock ip=10.0.0.2"
+# bsize: memif buffers that hold a whole jumbo frame (canopy sends frames up to one buffer).
+memif_bsize=16384
+server_args="$eal --file-prefix=$pfx-srv --vdev=net_memif0,role=server,bsize=$memif_bsize,socket=$sock"
+client_args="$eal --file-prefix=$pfx-cli --vdev=net_memif0,role=client,bsize=$memif_bsize,socket=$sock ip=10.0.0.2"
 
 # ---- servers
 taskset -c "$server_cpu" "$bench" --server --transport dpdk --bind 10.0.0.1 -p 0 --port-file "$work/port.dpdk" \
@@ -142,7 +144,7 @@ testpmd_sample() {
   rm -f "$tp_sock"
   # --lcores MAIN@cpu,FORWARD@cpu: the forwarding lcore sits on the server / client core.
   timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$pfx-tprx" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_memif0,role=server,socket=$tp_sock" -- \
+    --file-prefix="$pfx-tprx" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_memif0,role=server,bsize=$memif_bsize,socket=$tp_sock" -- \
     --forward-mode=rxonly --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
     < /dev/null > "$work/testpmd.rx.$rep.log" 2>&1 &
   rx_pid=$!
@@ -157,7 +159,7 @@ testpmd_sample() {
     sleep 0.05
   done
   timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,socket=$tp_sock" -- \
+    --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,bsize=$memif_bsize,socket=$tp_sock" -- \
     --forward-mode=txonly --txpkts="$frame" --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
     < /dev/null > "$work/testpmd.tx.$rep.log" 2>&1 &
   tx_pid=$!

@@ -1,6 +1,8 @@
 #include "transport/dpdk/dpdk_conn.h"
 
 #include <algorithm>
+#include <cstring>
+#include <thread>
 
 #include "base/logging.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -15,6 +17,8 @@ constexpr uint64_t kMaxRtoNs = 1000 * kMs;
 constexpr uint64_t kMinReorderWindowNs = 1 * kMs;
 constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
+// A blocked Read / Write polls the port itself until nothing moved for this long.
+constexpr uint64_t kSpinNs = 1 * kMs;
 
 // now - then, 0 when `then` was stamped after `now` was read (by another thread).
 uint64_t Since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
@@ -75,6 +79,59 @@ MacAddress ConnState::remote_mac() const {
 uint64_t ConnState::retransmits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return retransmits_;
+}
+
+ConnState::Counters ConnState::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Counters{frames_sent_, retransmits_, injected_drops_};
+}
+
+template <typename Done>
+void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline, Done done) {
+  if (poller_) {
+    uint64_t last_progress = NowNanos();
+    while (!done() && !deadline.expired()) {
+      lock.unlock();
+      bool moved = poller_();
+      uint64_t now = NowNanos();
+      if (moved) {
+        last_progress = now;
+      } else if (now - last_progress > kSpinNs) {
+        lock.lock();
+        break;  // quiet: sleep below, the I/O thread takes over
+      } else {
+        std::this_thread::yield();  // another thread polls, or nothing arrived yet
+      }
+      lock.lock();
+    }
+    if (done() || deadline.expired()) return;
+  }
+  cv_.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
+}
+
+template <typename Fill>
+void ConnState::DeliverLocked(size_t n, Fill fill) {
+  size_t direct = 0;
+  if (posted_dst_ != nullptr && rcv_.size() == 0) {
+    direct = std::min(n, posted_max_ - posted_len_);
+    if (direct > 0) {
+      fill(posted_dst_ + posted_len_, direct, 0);
+      posted_len_ += direct;
+      rcv_.Skip(direct);
+    }
+  }
+  if (n > direct) {
+    rcv_.AppendWith(n - direct, [&](char* dst, size_t len, size_t done) { fill(dst, len, direct + done); });
+  }
+  rcv_nxt_ += n;
+}
+
+void ConnState::ReleaseSentLocked() {
+  uint64_t upto = snd_.PinFloor(std::min(snd_una_, snd_.end()));
+  if (upto > snd_.begin()) {
+    snd_.ConsumeTo(upto);
+    cv_.notify_all();
+  }
 }
 
 void ConnState::FailLocked(const Status& status) {
@@ -170,6 +227,7 @@ bool ConnState::SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now
   if (seg.fin) h.flags |= kSegFlagFin;
   FillSacksLocked(&h, kDataSackBlocks);
   if (!EmitLocked(out, h, &snd_, seg.seq, now_ns)) return false;
+  ++frames_sent_;
   if (seg.sent_ns != 0) {
     seg.retransmitted = true;
     ++retransmits_;
@@ -225,7 +283,7 @@ void ConnState::OnSegment(const SegmentHeader& h, const PayloadSource& payload, 
 }
 
 void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
-  uint64_t una = snd_.begin();
+  uint64_t una = snd_una_;
   uint64_t max_ack = snd_nxt_ + (fin_sent_ ? 1 : 0);
   if (h.ack > max_ack) return;  // acknowledges bytes never sent: ignore the ack part
   peer_edge_ = std::max(peer_edge_, h.ack + h.window);
@@ -234,7 +292,8 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
     loss_scan_ = true;
   }
   if (h.ack > una || (fin_sent_ && !fin_acked_ && h.ack > fin_seq_)) {
-    snd_.ConsumeTo(std::min(h.ack, snd_.end()));
+    snd_una_ = std::max(snd_una_, std::min(h.ack, snd_.end()));
+    ReleaseSentLocked();
     if (fin_sent_ && h.ack > fin_seq_) fin_acked_ = true;
     while (!inflight_.empty()) {
       const Segment& s = inflight_.front();
@@ -293,10 +352,9 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
       if (seq <= rcv_nxt_) {
         uint64_t skip = rcv_nxt_ - seq;
         size_t n = static_cast<size_t>(end - rcv_nxt_);
-        rcv_.AppendWith(n, [&](char* dst, size_t len, size_t done) {
+        DeliverLocked(n, [&](char* dst, size_t len, size_t done) {
           payload.CopyOut(static_cast<uint32_t>(skip + done), static_cast<uint32_t>(len), dst);
         });
-        rcv_nxt_ = end;
         DeliverOutOfOrderLocked();
         cv_.notify_all();
       } else {
@@ -326,8 +384,9 @@ void ConnState::DeliverOutOfOrderLocked() {
     uint64_t end = seq + bytes.size();
     if (end > rcv_nxt_) {
       size_t skip = static_cast<size_t>(rcv_nxt_ - seq);
-      size_t n = rcv_.Append(bytes.data() + skip, bytes.size() - skip);
-      rcv_nxt_ += n;
+      size_t room = rcv_.space() + (posted_dst_ != nullptr && rcv_.size() == 0 ? posted_max_ - posted_len_ : 0);
+      size_t n = std::min(bytes.size() - skip, room);
+      DeliverLocked(n, [&](char* dst, size_t len, size_t done) { std::memcpy(dst, bytes.data() + skip + done, len); });
     }
   }
 }
@@ -407,6 +466,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
   }
 
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+  if (snd_.begin() < snd_una_) ReleaseSentLocked();  // frames that pinned acked bytes are gone now
   if (loss_scan_) DetectLossLocked();
   if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
     uint64_t rto = RtoNs();
@@ -510,8 +570,11 @@ Status ConnState::Write(const char* data, size_t n) {
       data += chunk;
       n -= chunk;
       progress_ns = NowNanos();
+      bool push = poller_ && snd_.end() - snd_nxt_ >= params_.mss;
       lock.unlock();
-      Wake();
+      // Run to completion: a full segment's worth goes out from this thread
+      // now (smaller writes wait for more bytes, or for the next poll).
+      if (!push || !poller_()) Wake();
       lock.lock();
       continue;
     }
@@ -524,7 +587,8 @@ Status ConnState::Write(const char* data, size_t n) {
       return Status::Timeout("send made no progress for " + Ms(Since(now, progress_ns)) +
                              " (peer not reading)");
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    WaitLocked(lock, Deadline::After(std::chrono::milliseconds(20)),
+               [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
   }
   return Status::Ok();
 }
@@ -543,8 +607,17 @@ Result<size_t> ConnState::Read(char* dst, size_t max, Deadline deadline) {
     if (eof_) return Status::Closed("peer closed the connection");
     if (!error_.ok()) return error_;
     if (deadline.expired()) return Status::Timeout("receive deadline passed");
-    cv_.wait_for(lock,
-                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
+    if (max == 0) return size_t{0};
+    // Post dst: in-order bytes arriving while we wait are copied straight into it.
+    posted_dst_ = dst;
+    posted_max_ = max;
+    posted_len_ = 0;
+    WaitLocked(lock, deadline,
+               [&] { return posted_len_ > 0 || rcv_.size() > 0 || eof_ || !error_.ok() || app_closed_; });
+    size_t got = posted_len_;
+    posted_dst_ = nullptr;
+    posted_max_ = posted_len_ = 0;
+    if (got > 0) return got;
   }
 }
 

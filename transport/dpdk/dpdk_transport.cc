@@ -285,6 +285,7 @@ class DpdkTransport final : public Transport {
     settings.mtu = args_.mtu;
     settings.mbufs = args_.mbufs;
     settings.mbuf_bytes = args_.mbuf_bytes;
+    settings.eal_args = options_.backend_args;
     return env_->Port(Param(e, "port", args_.port), settings);
   }
 
