@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "base/logging.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -14,9 +13,16 @@ constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kInitialRtoNs = 100 * kMs;
 constexpr uint64_t kMinRtoNs = 10 * kMs;
 constexpr uint64_t kMaxRtoNs = 1000 * kMs;
-constexpr uint64_t kMinReorderWindowNs = 1 * kMs;
+constexpr uint64_t kMinReorderWindowNs = 100'000;
+// Tail loss probe: nothing acked for max(2 srtt, this) with data in flight
+// resends the newest unSACKed segment, so the SACKs it draws let RACK find
+// earlier losses instead of waiting for the retransmission timer.
+constexpr uint64_t kMinProbeTimeoutNs = 200'000;
 constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
+constexpr uint64_t kInitialCwndSegments = 32;
+constexpr uint64_t kMinCwndSegments = 16;
+constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
 // A blocked Read / Write polls the port itself until nothing moved for this long.
 constexpr uint64_t kSpinNs = 1 * kMs;
 
@@ -99,9 +105,9 @@ void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline
       } else if (now - last_progress > kSpinNs) {
         lock.lock();
         break;  // quiet: sleep below, the I/O thread takes over
-      } else {
-        std::this_thread::yield();  // another thread polls, or nothing arrived yet
       }
+      // No yield while spinning: on a busy core sched_yield hands the rest of
+      // the time slice to whatever else runs there, milliseconds at a time.
       lock.lock();
     }
     if (done() || deadline.expired()) return;
@@ -295,14 +301,26 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
     snd_una_ = std::max(snd_una_, std::min(h.ack, snd_.end()));
     ReleaseSentLocked();
     if (fin_sent_ && h.ack > fin_seq_) fin_acked_ = true;
+    uint64_t acked = 0;
     while (!inflight_.empty()) {
       const Segment& s = inflight_.front();
       uint64_t end = s.seq + s.len + (s.fin ? 1 : 0);
       if (end > h.ack) break;
+      if (s.sacked) {
+        sacked_bytes_ -= s.len;
+      } else {
+        acked += s.len;
+      }
       inflight_.pop_front();
     }
+    const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+    OnAckedLocked(acked, mss);
     if (h.tsecr != 0 && h.tsecr <= now_ns) {
       uint64_t rtt = now_ns - h.tsecr;
+      if (min_rtt_ns_ == 0 || rtt < min_rtt_ns_ || now_ns - min_rtt_stamp_ns_ > kMinRttWindowNs) {
+        min_rtt_ns_ = rtt;
+        min_rtt_stamp_ns_ = now_ns;
+      }
       if (srtt_ns_ == 0) {
         srtt_ns_ = rtt;
         rttvar_ns_ = rtt / 2;
@@ -313,6 +331,8 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
       }
     }
     backoff_ = 0;
+    last_ack_ns_ = now_ns;
+    probe_sent_ = false;
     rto_deadline_ns_ = inflight_.empty() ? 0 : now_ns + RtoNs();
     last_space_ns_ = now_ns;
     cv_.notify_all();
@@ -323,6 +343,9 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
     for (; it != inflight_.end() && it->seq + it->len <= b.end; ++it) {
       if (!it->sacked && it->len > 0) {
         it->sacked = true;
+        sacked_bytes_ += it->len;
+        last_ack_ns_ = now_ns;
+        probe_sent_ = false;
         it->lost = false;
         rack_ns_ = std::max(rack_ns_, it->sent_ns);
         loss_scan_ = true;
@@ -402,13 +425,41 @@ void ConnState::CheckFinLocked() {
 void ConnState::DetectLossLocked() {
   loss_scan_ = false;
   uint64_t reo = std::max<uint64_t>(srtt_ns_ / 4, kMinReorderWindowNs);
+  bool found = false;
   for (Segment& s : inflight_) {
     if (s.sent_ns + reo >= rack_ns_) {
       if (!s.retransmitted) break;  // everything after was sent later still
       continue;
     }
-    if (!s.sacked && !s.lost && s.sent_ns != 0) s.lost = true;
+    if (!s.sacked && !s.lost && s.sent_ns != 0) {
+      s.lost = true;
+      found = true;
+    }
   }
+  if (found) OnLossLocked(false);
+}
+
+void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
+  if (acked_bytes == 0 || cwnd_ == 0) return;
+  if (snd_una_ < recovery_end_) return;  // no growth while recovering
+  if (cwnd_ < ssthresh_) {
+    cwnd_ += acked_bytes;  // slow start
+  } else {
+    cwnd_ += std::max<uint64_t>(1, uint64_t{mss} * acked_bytes / cwnd_);
+  }
+  cwnd_ = std::min<uint64_t>(cwnd_, snd_.capacity());
+}
+
+void ConnState::OnLossLocked(bool timeout) {
+  if (cwnd_ == 0) return;
+  if (!timeout && snd_una_ < recovery_end_) return;  // this window was already reduced
+  const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+  // A standing queue (srtt 1.5x above the minimum) means the loss is congestive.
+  bool congestive = timeout || (min_rtt_ns_ > 0 && srtt_ns_ * 2 > min_rtt_ns_ * 3);
+  uint64_t reduced = congestive ? cwnd_ / 2 : cwnd_ * 9 / 10;
+  cwnd_ = std::max<uint64_t>(reduced, kMinCwndSegments * mss);
+  ssthresh_ = cwnd_;
+  recovery_end_ = snd_nxt_;
 }
 
 void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
@@ -468,6 +519,15 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
   if (snd_.begin() < snd_una_) ReleaseSentLocked();  // frames that pinned acked bytes are gone now
   if (loss_scan_) DetectLossLocked();
+  if (!inflight_.empty() && !probe_sent_ && srtt_ns_ != 0 &&
+      now > std::max(last_ack_ns_, last_sent_ns_) + std::max(2 * srtt_ns_, kMinProbeTimeoutNs)) {
+    for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) {
+      if (it->sacked || it->lost || it->sent_ns == 0) continue;
+      it->lost = true;  // resent below; not a loss episode for congestion control
+      probe_sent_ = true;
+      break;
+    }
+  }
   if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
     uint64_t rto = RtoNs();
     bool marked = false;
@@ -482,6 +542,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     }
     if (backoff_ < 16) ++backoff_;
     rto_deadline_ns_ = now + RtoNs();
+    if (marked) OnLossLocked(true);
   }
 
   // Retransmissions first.
@@ -492,8 +553,12 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     --budget;
   }
   // New data within the peer's window and our in-flight bound (the send buffer).
+  if (cwnd_ == 0) cwnd_ = kInitialCwndSegments * mss;
   while (budget > 0 && snd_nxt_ < snd_.end()) {
+    const uint64_t pipe = snd_nxt_ - snd_una_ - std::min(sacked_bytes_, snd_nxt_ - snd_una_);
+    if (pipe >= cwnd_) break;  // congestion window full
     uint64_t allowed = peer_edge_ > snd_nxt_ ? peer_edge_ - snd_nxt_ : 0;
+    allowed = std::min<uint64_t>(allowed, cwnd_ - pipe + mss - 1);
     uint64_t len = std::min<uint64_t>({mss, snd_.end() - snd_nxt_, allowed});
     if (len == 0) break;
     if (len < mss && len < snd_.end() - snd_nxt_ && allowed < mss && !inflight_.empty())

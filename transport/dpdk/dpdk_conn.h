@@ -13,6 +13,17 @@
 //   - Loss recovery: RACK-style (a segment sent well before the newest one the
 //     peer has seen, per the echoed timestamp, and not SACKed is resent) and a
 //     retransmission timer (RFC 6298 estimator, exponential backoff).
+//     Only segments judged lost (or, on a timeout, sent more than an RTO ago)
+//     are resent, never whole windows; a tail loss probe (one segment after
+//     max(2 srtt, 200 us) without acks) draws the SACKs that let RACK see
+//     losses at the end of a burst without waiting for the timer.
+//   - Congestion control: a congestion window (slow start, then +1 MSS per
+//     window acked) bounds the bytes in the pipe (sent, not acked, not
+//     SACKed). A loss episode (at most one per window) halves it when the
+//     RTT shows a standing queue (srtt well above the minimum RTT: the loss
+//     is congestive) and leaves it at 0.9 otherwise (random loss on an idle
+//     path, so a lossy link degrades smoothly); a timeout halves it. Never
+//     below kMinCwndSegments segments.
 //   - Zero-copy transmit: the port may point frames straight into the send
 //     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
@@ -196,6 +207,9 @@ class ConnState {
                   uint64_t now_ns);
   bool SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns);
   void DetectLossLocked();
+  // A loss episode starts (detected by RACK, or a timeout): shrinks cwnd_.
+  void OnLossLocked(bool timeout);
+  void OnAckedLocked(uint64_t acked_bytes, uint32_t mss);
   bool PeerAddressLocked(SegmentOutput& out, uint64_t now_ns);
   uint64_t RtoNs() const;
   void Wake() const {
@@ -242,6 +256,15 @@ class ConnState {
   uint64_t probe_next_ns_ = 0;
   uint64_t last_space_ns_ = 0;  // when the send buffer last had room (for the Write timeout)
   uint64_t retransmits_ = 0;
+  // Congestion control.
+  uint64_t cwnd_ = 0;  // 0 until the MSS is known
+  uint64_t ssthresh_ = UINT64_MAX;
+  uint64_t recovery_end_ = 0;  // no new reduction until snd_una_ passes this
+  uint64_t sacked_bytes_ = 0;  // bytes of inflight_ segments SACKed
+  uint64_t min_rtt_ns_ = 0;
+  uint64_t min_rtt_stamp_ns_ = 0;
+  uint64_t last_ack_ns_ = 0;  // when the peer last acked or SACKed new bytes
+  bool probe_sent_ = false;   // a tail loss probe is out since then
   uint64_t frames_sent_ = 0;
   mutable uint64_t injected_drops_ = 0;
 
