@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "base/logging.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -23,8 +24,12 @@ constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
 constexpr uint64_t kInitialCwndSegments = 32;
 constexpr uint64_t kMinCwndSegments = 16;
 constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
-// A blocked Read / Write polls the port itself until nothing moved for this long.
+// A blocked Read / Write polls the port itself until nothing moved for this
+// long; for the first kSpinNoYieldNs (about a round trip) without yielding the
+// CPU, since a sched_yield on a busy core can give the time slice away for
+// milliseconds.
 constexpr uint64_t kSpinNs = 1 * kMs;
+constexpr uint64_t kSpinNoYieldNs = 50'000;
 
 // now - then, 0 when `then` was stamped after `now` was read (by another thread).
 uint64_t Since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
@@ -105,9 +110,11 @@ void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline
       } else if (now - last_progress > kSpinNs) {
         lock.lock();
         break;  // quiet: sleep below, the I/O thread takes over
+      } else if (now - last_progress > kSpinNoYieldNs) {
+        // Waiting longer than a round trip (window, acks, a slow peer): let
+        // the other threads on this core run between polls.
+        std::this_thread::yield();
       }
-      // No yield while spinning: on a busy core sched_yield hands the rest of
-      // the time slice to whatever else runs there, milliseconds at a time.
       lock.lock();
     }
     if (done() || deadline.expired()) return;
