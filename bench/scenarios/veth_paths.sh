@@ -78,15 +78,17 @@ if ! bench_wait_file "$work/dpdk.port" 20; then
 fi
 
 bench_split_cores || true
-# "dpdk: DPDK port 0 (net_af_packet0) up: ... mtu 1500 (mss 1352), ..."
-dpdk_mtu=$(grep -a -o 'mtu [0-9]* (mss [0-9]*)' "$work/bench-dpdk.err" 2>/dev/null | head -n 1 | awk '{ print $2 }') || true
-dpdk_mss=$(grep -a -o 'mtu [0-9]* (mss [0-9]*)' "$work/bench-dpdk.err" 2>/dev/null | head -n 1 | tr -d ')' | awk '{ print $4 }') || true
-tp_ok=1 tp_reason=""
-if ! bench_need_peer dpdk-testpmd dpdk; then
-  tp_ok=0 tp_reason="dpdk-testpmd missing"
-elif [[ -z $dpdk_mtu || -z $dpdk_mss ]]; then
-  tp_ok=0 tp_reason="no 'mtu N (mss M)' line in the dpdk:// server's log"
-fi
+tp_ok=1 tp_reason="" dpdk_mtu="" dpdk_mss=""
+bench_need_peer dpdk-testpmd dpdk || { tp_ok=0 tp_reason="dpdk-testpmd missing"; }
+# port_mtu -> sets dpdk_mtu / dpdk_mss from the dpdk:// client's log line
+# "dpdk: DPDK port 0 (net_af_packet0) up: ... mtu 1500 (mss 1352), ..." (the server runs -q).
+port_mtu() {
+  local line
+  line=$(grep -a -h -o 'mtu [0-9]* (mss [0-9]*)' "$work/client.err" "$work/bench-dpdk.err" 2>/dev/null | head -n 1) || true
+  dpdk_mtu=$(awk '{ print $2 }' <<<"$line")
+  dpdk_mss=$(tr -d ')' <<<"$line" | awk '{ print $4 }')
+  [[ -n $dpdk_mtu && -n $dpdk_mss ]]
+}
 
 # tp_af_sample REP -> testpmd rxonly packets/s over net_af_packet on the veth
 # (mean of the full stats periods after the first one with frames); 1 on failure.
@@ -154,6 +156,9 @@ for ((rep = 1; rep <= reps; rep++)); do
       dpdk_ok=0 dpdk_reason="bench over dpdk:// failed on rep $rep: $(tail -n 3 "$work/client.err" | tr '\n' ' ')"
       bd=() btd=()
     fi
+  fi
+  if ((dpdk_ok && tp_ok)) && [[ -z $dpdk_mss ]] && ! port_mtu; then
+    tp_ok=0 tp_reason="no 'mtu N (mss M)' line in the dpdk:// client's log: frame size unknown"
   fi
   if ((dpdk_ok && tp_ok)) && ((${#bd[@]} == rep)); then
     kill -STOP "$dpdk_srv_pid" 2>/dev/null || true

@@ -461,9 +461,12 @@ void ConnState::OnLossLocked(bool timeout) {
   if (cwnd_ == 0) return;
   if (!timeout && snd_una_ < recovery_end_) return;  // this window was already reduced
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
-  // A standing queue (srtt 1.5x above the minimum) means the loss is congestive.
-  bool congestive = timeout || (min_rtt_ns_ > 0 && srtt_ns_ * 2 > min_rtt_ns_ * 3);
-  uint64_t reduced = congestive ? cwnd_ / 2 : cwnd_ * 9 / 10;
+  // A timeout, or a standing queue (srtt 4x the minimum RTT), means the loss
+  // is congestive: halve. Otherwise (random loss on a short queue) take
+  // 15% off, so a lossy link degrades smoothly; still multiplicative, so
+  // connections sharing a bottleneck converge to equal shares.
+  bool congestive = timeout || (min_rtt_ns_ > 0 && srtt_ns_ > 4 * min_rtt_ns_);
+  uint64_t reduced = congestive ? cwnd_ / 2 : cwnd_ * 85 / 100;
   cwnd_ = std::max<uint64_t>(reduced, kMinCwndSegments * mss);
   ssthresh_ = cwnd_;
   recovery_end_ = snd_nxt_;

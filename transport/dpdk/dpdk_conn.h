@@ -20,10 +20,10 @@
 //   - Congestion control: a congestion window (slow start, then +1 MSS per
 //     window acked) bounds the bytes in the pipe (sent, not acked, not
 //     SACKed). A loss episode (at most one per window) halves it when the
-//     RTT shows a standing queue (srtt well above the minimum RTT: the loss
-//     is congestive) and leaves it at 0.9 otherwise (random loss on an idle
-//     path, so a lossy link degrades smoothly); a timeout halves it. Never
-//     below kMinCwndSegments segments.
+//     RTT shows a standing queue (srtt over 4x the minimum RTT: the loss is
+//     congestive) and takes 15% off otherwise (random loss on a short queue,
+//     so a lossy link degrades smoothly); a timeout halves it. Never below
+//     kMinCwndSegments segments.
 //   - Zero-copy transmit: the port may point frames straight into the send
 //     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
