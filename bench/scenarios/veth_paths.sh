@@ -68,7 +68,7 @@ done
 # DPDK over net_af_packet on the same veth (its own addresses on that wire).
 dpdk_ok=1 dpdk_reason=""
 eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
-start_in "$ns_a" bench-dpdk "$bench" --server -q --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
+start_in "$ns_a" bench-dpdk "$bench" --server --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
   --transport-arg "$eal --file-prefix=$prefix-s --vdev=net_af_packet0,iface=$if_a"
 dpdk_srv_pid=${pids[-1]}
 if ! bench_wait_file "$work/dpdk.port" 20; then
@@ -81,7 +81,7 @@ bench_split_cores || true
 tp_ok=1 tp_reason="" dpdk_mtu="" dpdk_mss=""
 bench_need_peer dpdk-testpmd dpdk || { tp_ok=0 tp_reason="dpdk-testpmd missing"; }
 # port_mtu -> sets dpdk_mtu / dpdk_mss from the dpdk:// client's log line
-# "dpdk: DPDK port 0 (net_af_packet0) up: ... mtu 1500 (mss 1352), ..." (the server runs -q).
+# "dpdk: DPDK port 0 (net_af_packet0) up: ... mtu 1500 (mss 1352), ..." (server log, at info level).
 port_mtu() {
   local line
   line=$(grep -a -h -o 'mtu [0-9]* (mss [0-9]*)' "$work/client.err" "$work/bench-dpdk.err" 2>/dev/null | head -n 1) || true
