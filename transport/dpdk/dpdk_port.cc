@@ -313,6 +313,12 @@ DpdkPort::~DpdkPort() {
   running_ = false;
   Wake();
   if (thread_.joinable()) thread_.join();
+  // Frames never handed to the driver still pin (and keep alive) send rings.
+  std::lock_guard<std::mutex> lock(poll_mu_);
+  for (rte_mbuf* m : tx_pending_) rte_pktmbuf_free(m);
+  tx_pending_.clear();
+  for (const Delayed& d : delayed_) rte_pktmbuf_free(d.mbuf);
+  delayed_.clear();
 }
 
 uint32_t DpdkPort::DefaultIp() {
