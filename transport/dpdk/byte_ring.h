@@ -76,6 +76,22 @@ class ByteRing {
     end_ += n;
   }
 
+  // Writes n bytes at absolute offsets [at, at + n) past end() (out-of-order
+  // data, REQUIRES: at >= end(), at + n <= begin() + capacity()); they become
+  // part of the ring when ExtendTo reaches them.
+  template <typename Fill>
+  void WriteAt(uint64_t at, size_t n, Fill fill) {
+    size_t done = 0;
+    while (done < n) {
+      size_t chunk = std::min(n - done, ContiguousFrom(at + done));
+      fill(At(at + done), chunk, done);
+      done += chunk;
+    }
+  }
+  // Takes bytes written by WriteAt up to `upto` into the ring.
+  // REQUIRES: upto <= begin() + capacity(), every byte in [end(), upto) written.
+  void ExtendTo(uint64_t upto) { end_ = std::max(end_, upto); }
+
   // Moves an empty ring forward by n offsets (bytes delivered elsewhere).
   // REQUIRES: size() == 0.
   void Skip(uint64_t n) {

@@ -188,8 +188,8 @@ SegmentHeader ConnState::BaseHeaderLocked(uint64_t now_ns) const {
 void ConnState::FillSacksLocked(SegmentHeader* h, size_t max_blocks) const {
   if (ooo_.empty() || max_blocks == 0) return;
   std::vector<SackBlock> blocks;
-  for (const auto& [seq, bytes] : ooo_) {
-    uint64_t end = seq + bytes.size();
+  for (const auto& [seq, range_end] : ooo_) {
+    uint64_t end = range_end;
     if (end <= rcv_nxt_) continue;
     uint64_t start = std::max(seq, rcv_nxt_);
     if (!blocks.empty() && start <= blocks.back().end) {
@@ -388,12 +388,11 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
         DeliverOutOfOrderLocked();
         cv_.notify_all();
       } else {
-        auto it = ooo_.find(seq);
-        if (it == ooo_.end() || it->second.size() < end - seq) {
-          std::string bytes(static_cast<size_t>(end - seq), '\0');
-          payload.CopyOut(0, static_cast<uint32_t>(bytes.size()), bytes.data());
-          ooo_[seq] = std::move(bytes);
-        }
+        // Straight into the receive ring at its place (inside the window).
+        rcv_.WriteAt(seq, static_cast<size_t>(end - seq), [&](char* dst, size_t len, size_t done) {
+          payload.CopyOut(static_cast<uint32_t>(done), static_cast<uint32_t>(len), dst);
+        });
+        AddOutOfOrderLocked(seq, end);
         last_ooo_seq_ = seq;
         ack_now_ = true;
       }
@@ -406,17 +405,29 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
   CheckFinLocked();
 }
 
+void ConnState::AddOutOfOrderLocked(uint64_t start, uint64_t end) {
+  auto it = ooo_.lower_bound(start);
+  if (it != ooo_.begin() && std::prev(it)->second >= start) {
+    --it;
+    start = it->first;
+    end = std::max(end, it->second);
+    it = ooo_.erase(it);
+  }
+  while (it != ooo_.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = ooo_.erase(it);
+  }
+  ooo_.emplace(start, end);
+}
+
 void ConnState::DeliverOutOfOrderLocked() {
   while (!ooo_.empty() && ooo_.begin()->first <= rcv_nxt_) {
-    auto node = ooo_.extract(ooo_.begin());
-    uint64_t seq = node.key();
-    const std::string& bytes = node.mapped();
-    uint64_t end = seq + bytes.size();
+    uint64_t end = ooo_.begin()->second;
+    ooo_.erase(ooo_.begin());
     if (end > rcv_nxt_) {
-      size_t skip = static_cast<size_t>(rcv_nxt_ - seq);
-      size_t room = rcv_.space() + (posted_dst_ != nullptr && rcv_.size() == 0 ? posted_max_ - posted_len_ : 0);
-      size_t n = std::min(bytes.size() - skip, room);
-      DeliverLocked(n, [&](char* dst, size_t len, size_t done) { std::memcpy(dst, bytes.data() + skip + done, len); });
+      // Those bytes already sit in rcv_ past its end (rcv_.end() == rcv_nxt_).
+      rcv_.ExtendTo(end);
+      rcv_nxt_ = end;
     }
   }
 }

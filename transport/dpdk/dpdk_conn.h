@@ -189,6 +189,7 @@ class ConnState {
   void HandleAckLocked(const SegmentHeader& h, uint64_t now_ns);
   void HandleDataLocked(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns);
   void DeliverOutOfOrderLocked();
+  void AddOutOfOrderLocked(uint64_t start, uint64_t end);
   // Delivers the next n in-order bytes (filled by fill(dst, len, done)): into
   // a posted Read buffer first, the rest into rcv_.
   template <typename Fill>
@@ -271,7 +272,9 @@ class ConnState {
   // Receive side.
   ByteRing rcv_;  // in-order bytes not yet read by the application
   uint64_t rcv_nxt_ = 0;
-  std::map<uint64_t, std::string> ooo_;  // out-of-order segments by seq
+  // Out-of-order byte ranges [first, second), already written into rcv_ at
+  // their place past its end (one copy, no allocation per segment).
+  std::map<uint64_t, uint64_t> ooo_;
   uint64_t last_ooo_seq_ = 0;
   bool peer_fin_ = false;
   uint64_t peer_fin_seq_ = 0;
