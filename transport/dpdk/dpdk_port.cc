@@ -89,7 +89,8 @@ struct TxPin {
   uint64_t from = 0;
   uint64_t to = 0;
 };
-constexpr uint16_t kMbufPrivSize = static_cast<uint16_t>(RTE_ALIGN_CEIL(sizeof(TxPin), RTE_MBUF_PRIV_ALIGN));
+constexpr uint16_t kMbufPrivSize =
+    static_cast<uint16_t>((sizeof(TxPin) + RTE_MBUF_PRIV_ALIGN - 1) / RTE_MBUF_PRIV_ALIGN * RTE_MBUF_PRIV_ALIGN);
 
 // rte_mbuf_extbuf_free_callback_t: runs where the mbuf is freed, i.e. in the
 // datapath under the poll lock (tx burst, fault injection, stuck-queue drop).
