@@ -25,11 +25,11 @@ constexpr uint64_t kInitialCwndSegments = 32;
 constexpr uint64_t kMinCwndSegments = 16;
 constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
 // A blocked Read / Write polls the port itself until nothing moved for this
-// long; for the first kSpinNoYieldNs (about a round trip) without yielding the
+// long; for the first kSpinNoYieldNs (a few round trips) without yielding the
 // CPU, since a sched_yield on a busy core can give the time slice away for
 // milliseconds.
 constexpr uint64_t kSpinNs = 1 * kMs;
-constexpr uint64_t kSpinNoYieldNs = 50'000;
+constexpr uint64_t kSpinNoYieldNs = 200'000;
 
 // now - then, 0 when `then` was stamped after `now` was read (by another thread).
 uint64_t Since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
