@@ -28,8 +28,8 @@ inline std::vector<std::string> MemifPairArgs() {
           "512",
           "--no-pci",
           "--log-level=lib.eal:warning",
-          "--vdev=net_memif0,role=server,socket=" + socket,
-          "--vdev=net_memif1,role=client,socket=" + socket};
+          "--vdev=net_memif0,role=server,bsize=16384,socket=" + socket,
+          "--vdev=net_memif1,role=client,bsize=16384,socket=" + socket};
 }
 
 inline TransportOptions MemifOptions(const std::string& canopy_args) {

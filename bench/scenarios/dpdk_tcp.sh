@@ -49,8 +49,10 @@ mkdir -p "$work"
 
 eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
 sock=$work/memif.sock
-server_args="$eal --file-prefix=$pfx-srv --vdev=net_memif0,role=server,socket=$sock"
-client_args="$eal --file-prefix=$pfx-cli --vdev=net_memif0,role=client,socket=$sock ip=10.0.0.2"
+# bsize: memif buffers that hold a whole jumbo frame (canopy sends frames up to one buffer).
+memif_bsize=16384
+server_args="$eal --file-prefix=$pfx-srv --vdev=net_memif0,role=server,bsize=$memif_bsize,socket=$sock"
+client_args="$eal --file-prefix=$pfx-cli --vdev=net_memif0,role=client,bsize=$memif_bsize,socket=$sock ip=10.0.0.2"
 
 # ---- servers
 taskset -c "$server_cpu" "$bench" --server --transport dpdk --bind 10.0.0.1 -p 0 --port-file "$work/port.dpdk" \
@@ -116,7 +118,7 @@ else
 fi
 tp_sock=$work/testpmd.sock
 tp_period=1
-tp_tx_seconds=$((seconds + 2))  # traffic time once the sender forwards: a partial period + seconds + 1 full ones
+tp_tx_seconds=$((seconds + 2))  # traffic time after the first period with frames: seconds + 1 full periods + a partial one
 tp_mbuf=()
 ((frame + 128 <= 2176)) || tp_mbuf=(--mbuf-size=$((frame + 128)))
 
@@ -136,13 +138,13 @@ stop_int() {
 }
 
 # testpmd_sample REP -> receive packets/s (mean of the full stats periods);
-# returns 1 with testpmd_note set when testpmd does not run.
+# returns 1 with sample_note set when testpmd does not run (the caller retries once).
 testpmd_sample() {
   local rep=$1 deadline pps
   rm -f "$tp_sock"
   # --lcores MAIN@cpu,FORWARD@cpu: the forwarding lcore sits on the server / client core.
   timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$pfx-tprx" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_memif0,role=server,socket=$tp_sock" -- \
+    --file-prefix="$pfx-tprx" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_memif0,role=server,bsize=$memif_bsize,socket=$tp_sock" -- \
     --forward-mode=rxonly --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
     < /dev/null > "$work/testpmd.rx.$rep.log" 2>&1 &
   rx_pid=$!
@@ -150,25 +152,37 @@ testpmd_sample() {
   # memif sockets are abstract by default (no file): wait until it forwards.
   until grep -a -q "packet forwarding - ports=" "$work/testpmd.rx.$rep.log"; do
     if ((SECONDS >= deadline)) || ! kill -0 "$rx_pid" 2>/dev/null; then
-      testpmd_note="testpmd rxonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.rx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+      sample_note="testpmd rxonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.rx.$rep.log" | tail -n 3 | tr '\n' ' ')"
       bench_kill "$rx_pid"; rx_pid=""
       return 1
     fi
     sleep 0.05
   done
   timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,socket=$tp_sock" -- \
+    --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,bsize=$memif_bsize,socket=$tp_sock" -- \
     --forward-mode=txonly --txpkts="$frame" --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
     < /dev/null > "$work/testpmd.tx.$rep.log" 2>&1 &
   tx_pid=$!
   deadline=$((SECONDS + 20))
   until grep -a -q "packet forwarding - ports=" "$work/testpmd.tx.$rep.log"; do
     if ((SECONDS >= deadline)) || ! kill -0 "$tx_pid" 2>/dev/null; then
-      testpmd_note="testpmd txonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+      sample_note="testpmd txonly on memif did not come up: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
       bench_kill "$tx_pid" "$rx_pid"; tx_pid="" rx_pid=""
       return 1
     fi
     sleep 0.05
+  done
+  # The memif link comes up some time after both sides forward (the client
+  # retries its connection about once a second; longer on a busy machine):
+  # measure from the first stats period with traffic, not from the start.
+  deadline=$((SECONDS + 20))
+  until grep -a -o 'Rx-pps: *[0-9]*' "$work/testpmd.rx.$rep.log" | awk '$2 > 0 { f = 1 } END { exit !f }'; do
+    if ((SECONDS >= deadline)) || ! kill -0 "$tx_pid" 2>/dev/null || ! kill -0 "$rx_pid" 2>/dev/null; then
+      sample_note="testpmd rxonly saw no frames within 20 s of txonly forwarding over memif: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+      bench_kill "$tx_pid" "$rx_pid"; tx_pid="" rx_pid=""
+      return 1
+    fi
+    sleep 0.1
   done
   sleep "$tp_tx_seconds"
   # The receiver stops first, while frames still flow (testpmd 22.11's memif
@@ -180,7 +194,7 @@ testpmd_sample() {
   pps=$(grep -a -o 'Rx-pps: *[0-9]*' "$work/testpmd.rx.$rep.log" | awk '$2 > 0 { v[n++] = $2 }
     END { if (n < 3) exit; s = 0; for (i = 1; i < n - 1; i++) s += v[i]; printf "%.0f\n", s / (n - 2) }')
   if [[ -z $pps ]]; then
-    testpmd_note="testpmd received no frames over memif in full stats periods: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
+    sample_note="testpmd received no frames over memif in full stats periods: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
     return 1
   fi
   jq -cn --argjson r "$rep" --argjson pps "$pps" --argjson f "$frame" --argjson m "$mss" \
@@ -193,7 +207,7 @@ testpmd_sample() {
 }
 
 declare -A bw_d bw_t
-lat_d50=() lat_t50=() lat_d99=() lat_t99=() tp=() tp_dpdk=()
+lat_d50=() lat_t50=() lat_d99=() lat_t99=() tp=() tp_dpdk=() tp_failures=()
 last=${sizes[-1]}
 for ((rep = 1; rep <= reps; rep++)); do
   r=$(sample dpdk lat "$lat_size" "$rep")
@@ -214,19 +228,25 @@ for ((rep = 1; rep <= reps; rep++)); do
     line+="; $size B dpdk $d / tcp $t Gbit/s"
   done
   if ((frame > 0)) && [[ -z $testpmd_note ]]; then
-    if testpmd_sample "$rep" > "$work/tp.out" 2> "$work/testpmd.shell.$rep.err"; then
-      pps=$(cat "$work/tp.out")
-      tp+=("$(awk -v p="$pps" -v m="$mss" 'BEGIN { printf "%.4f\n", p * m * 8 / 1e9 }')")
-      tp_dpdk+=("$d")
-      line+="; testpmd $pps frames/s of $frame B = ${tp[-1]} Gbit/s of $mss B payloads"
-    else
-      bench_log "testpmd left out: $testpmd_note"
-    fi
+    for try in 1 2; do
+      sample_note=""
+      if testpmd_sample "$rep" > "$work/tp.out" 2> "$work/testpmd.shell.$rep.err"; then
+        pps=$(cat "$work/tp.out")
+        tp+=("$(awk -v p="$pps" -v m="$mss" 'BEGIN { printf "%.4f\n", p * m * 8 / 1e9 }')")
+        tp_dpdk+=("$d")
+        line+="; testpmd $pps frames/s of $frame B = ${tp[-1]} Gbit/s of $mss B payloads"
+        break
+      fi
+      tp_failures+=("rep $rep, try $try: $sample_note")
+      bench_log "testpmd rep $rep try $try failed: $sample_note"
+    done
   fi
   bench_log "rep $rep/$reps: $line"
 done
-# A testpmd failure after the first rep would leave unpaired samples: drop them all.
-if [[ -n $testpmd_note ]]; then tp=() tp_dpdk=(); fi
+# Only reps where testpmd ran add a pair (dpdk:// largest size, testpmd) to the comparison.
+if ((${#tp[@]} == 0)) && [[ -z $testpmd_note ]] && ((${#tp_failures[@]} > 0)); then
+  testpmd_note="testpmd failed in every rep: ${tp_failures[-1]}"
+fi
 
 comparisons=$(
   for size in "${sizes[@]}"; do
@@ -258,6 +278,7 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
   --argjson sizes "$(bench_samples "${sizes[@]}")" --argjson seconds "$seconds" --argjson lat_size "$lat_size" \
   --argjson lat_seconds "$lat_seconds" --argjson reps "$reps" --argjson cpus "$(nproc)" --arg cores "$cores_note" \
   --arg mtu "${mtu:-}" --arg mss "${mss:-}" --argjson frame "$frame" --arg tp_note "$testpmd_note" \
+  --argjson tp_failures "$( ((${#tp_failures[@]})) && printf '%s\n' "${tp_failures[@]}" | jq -R . | jq -s -c . || echo '[]')" \
   --arg eal "$eal" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
   '{scenario: "dpdk_tcp",
     title: "dpdk:// (memif) vs tcp:// (loopback): bandwidth, latency, and vs raw testpmd frames",
@@ -274,5 +295,6 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
     sweeps: $sweeps,
     details: {dpdk_package: $tpv,
               testpmd_left_out: (if $tp_note == "" then null else $tp_note end),
+              testpmd_failed_tries: $tp_failures,
               runs: $runs}}' > "$BENCH_OUT"
 bench_log "wrote $BENCH_OUT"

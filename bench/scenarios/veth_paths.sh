@@ -5,8 +5,12 @@
 # same-host loopback. Per rep, alternating: the bench tool over tcp:// across
 # the veth versus iperf3 across the same veth (1 MiB messages, the same bytes),
 # and bench over dpdk:// (net_af_packet on the same veth interfaces, MTU 1500)
-# versus bench over tcp:// on that veth at the same message size. Decimal
-# Gbit/s, receiver side. Needs root (namespaces). Contract: bench/lib.sh.
+# versus bench over tcp:// on that veth at the same message size, and versus
+# raw frames: dpdk-testpmd txonly (namespace b) -> rxonly (namespace a) over
+# net_af_packet on the same veth ends, frames of the dpdk:// port's MTU + 14,
+# counted as the MSS of stream payload each (the idle dpdk:// server is
+# stopped meanwhile; testpmd's forwarding lcores pinned like the bench sides).
+# Decimal Gbit/s, receiver side. Needs root (namespaces). Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
@@ -64,13 +68,62 @@ done
 # DPDK over net_af_packet on the same veth (its own addresses on that wire).
 dpdk_ok=1 dpdk_reason=""
 eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
-start_in "$ns_a" bench-dpdk "$bench" --server -q --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
+start_in "$ns_a" bench-dpdk "$bench" --server --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
   --transport-arg "$eal --file-prefix=$prefix-s --vdev=net_af_packet0,iface=$if_a"
+dpdk_srv_pid=${pids[-1]}
 if ! bench_wait_file "$work/dpdk.port" 20; then
   dpdk_ok=0
   dpdk_reason="dpdk:// server over net_af_packet did not start: $(tail -n 3 "$work/bench-dpdk.err" | tr '\n' ' ')"
   bench_log "$dpdk_reason"
 fi
+
+bench_split_cores || true
+tp_ok=1 tp_reason="" dpdk_mtu="" dpdk_mss=""
+bench_need_peer dpdk-testpmd dpdk || { tp_ok=0 tp_reason="dpdk-testpmd missing"; }
+# port_mtu -> sets dpdk_mtu / dpdk_mss from the dpdk:// client's log line
+# "dpdk: DPDK port 0 (net_af_packet0) up: ... mtu 1500 (mss 1352), ..." (server log, at info level).
+port_mtu() {
+  local line
+  line=$(grep -a -h -o 'mtu [0-9]* (mss [0-9]*)' "$work/client.err" "$work/bench-dpdk.err" 2>/dev/null | head -n 1) || true
+  dpdk_mtu=$(awk '{ print $2 }' <<<"$line")
+  dpdk_mss=$(tr -d ')' <<<"$line" | awk '{ print $4 }')
+  [[ -n $dpdk_mtu && -n $dpdk_mss ]]
+}
+
+# tp_af_sample REP -> testpmd rxonly packets/s over net_af_packet on the veth
+# (mean of the full stats periods after the first one with frames); 1 on failure.
+tp_af_sample() {
+  local rep=$1 rx tx deadline pps i
+  ip netns exec "$ns_a" timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
+    --file-prefix="$prefix-tprx$rep" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_af_packet0,iface=$if_a" -- \
+    --forward-mode=rxonly --stats-period 1 --nb-cores=1 --total-num-mbufs=8192 < /dev/null > "$work/tp.rx.$rep.log" 2>&1 &
+  rx=$!
+  ip netns exec "$ns_b" timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
+    --file-prefix="$prefix-tptx$rep" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_af_packet0,iface=$if_b" -- \
+    --forward-mode=txonly --txpkts=$((dpdk_mtu + 14)) --stats-period 1 --nb-cores=1 --total-num-mbufs=8192 \
+    < /dev/null > "$work/tp.tx.$rep.log" 2>&1 &
+  tx=$!
+  deadline=$((SECONDS + 20))
+  until grep -a -o 'Rx-pps: *[0-9]*' "$work/tp.rx.$rep.log" | awk '$2 > 0 { f = 1 } END { exit !f }'; do
+    if ((SECONDS >= deadline)) || ! kill -0 "$rx" 2>/dev/null || ! kill -0 "$tx" 2>/dev/null; then
+      bench_kill "$tx" "$rx"
+      return 1
+    fi
+    sleep 0.1
+  done
+  sleep $(( ${secs%.*} + 3 ))
+  for pid in "$rx" "$tx"; do
+    kill -INT "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    bench_kill "$pid"
+  done
+  pps=$(grep -a -o 'Rx-pps: *[0-9]*' "$work/tp.rx.$rep.log" | awk '$2 > 0 { v[n++] = $2 }
+    END { if (n < 3) exit; s = 0; for (i = 1; i < n - 1; i++) s += v[i]; printf "%.0f\n", s / (n - 2) }')
+  [[ -n $pps ]] || return 1
+  jq -cn --argjson r "$rep" --argjson pps "$pps" --argjson f "$((dpdk_mtu + 14))" --argjson m "$dpdk_mss" \
+    '{label: "testpmd af_packet", rep: $r, rx_pps: $pps, frame_bytes: $f, payload_gbps: ($pps * $m * 8 / 1e9)}' >> "$runs"
+  awk -v p="$pps" -v m="$dpdk_mss" 'BEGIN { printf "%.4f\n", p * m * 8 / 1e9 }'
+}
 
 runs=$work/runs.jsonl
 : > "$runs"
@@ -85,7 +138,7 @@ bench_bw() {
   jq -r '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out"
 }
 
-bt=() ip3=() bd=() btd=()
+bt=() ip3=() bd=() btd=() tpd=() tpr=() tp_failures=()
 for ((rep = 1; rep <= reps; rep++)); do
   bt+=("$(bench_bw "$ns_b" "bench tcp:// -s $msg" -p "$tcp_port" -s "$msg" -t "$secs" "$ip_a")")
   nbytes=$(cat "$work/last.bytes")
@@ -104,7 +157,20 @@ for ((rep = 1; rep <= reps; rep++)); do
       bd=() btd=()
     fi
   fi
-  bench_log "rep $rep/$reps Gbit/s: bench tcp ${bt[-1]} / iperf3 ${ip3[-1]}${bd:+, dpdk ${bd[-1]} / tcp ${btd[-1]} at $dpdk_msg}"
+  if ((dpdk_ok && tp_ok)) && [[ -z $dpdk_mss ]] && ! port_mtu; then
+    tp_ok=0 tp_reason="no 'mtu N (mss M)' line in the dpdk:// client's log: frame size unknown"
+  fi
+  if ((dpdk_ok && tp_ok)) && ((${#bd[@]} == rep)); then
+    kill -STOP "$dpdk_srv_pid" 2>/dev/null || true
+    if t=$(tp_af_sample "$rep") || t=$(tp_af_sample "$rep.2"); then
+      tpd+=("${bd[-1]}") tpr+=("$t")
+    else
+      tp_failures+=("rep $rep: testpmd over af_packet gave no full stats periods: $(tail -n 2 "$work/tp.tx.$rep.log" 2>/dev/null | tr '\n' ' ')")
+      bench_log "${tp_failures[-1]}"
+    fi
+    kill -CONT "$dpdk_srv_pid" 2>/dev/null || true
+  fi
+  bench_log "rep $rep/$reps Gbit/s: bench tcp ${bt[-1]} / iperf3 ${ip3[-1]}${bd:+, dpdk ${bd[-1]} / tcp ${btd[-1]} at $dpdk_msg}${tpr:+, testpmd ${tpr[-1]}}"
 done
 
 comparisons=$(
@@ -115,19 +181,27 @@ comparisons=$(
     bench_comparison "dpdk:// (net_af_packet) vs tcp:// over the same veth, 64 KiB messages" Gbit/s true \
       "bench dpdk:// -s 64K" "$(bench_samples "${bd[@]}")" "bench tcp:// -s 64K" "$(bench_samples "${btd[@]}")"
   fi
+  if ((${#tpr[@]} > 0)); then
+    bench_comparison "dpdk:// bench (64 KiB messages) vs raw testpmd txonly -> rxonly, net_af_packet on the same veth (Gbit/s of ${dpdk_mss} B stream payload per frame)" \
+      Gbit/s true "bench dpdk:// -s 64K" "$(bench_samples "${tpd[@]}")" "testpmd (raw frames)" "$(bench_samples "${tpr[@]}")"
+  fi
 )
 comparisons=$(jq -s -c . <<<"$comparisons")
 
 jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --argjson reps "$reps" --argjson secs "$secs" \
   --argjson mtu "$mtu" --arg dpdk_reason "$dpdk_reason" --argjson cpus "$(nproc)" \
+  --arg tp_reason "$tp_reason" \
+  --argjson tp_failures "$( ((${#tp_failures[@]})) && printf '%s\n' "${tp_failures[@]}" | jq -R . | jq -s -c . || echo '[]')" \
   --arg iperf "$(iperf3 --version | head -n 1)" '
   {scenario: "veth_paths",
    title: "Off loopback: tcp:// and dpdk:// across a veth pair between two network namespaces",
    path: "veth pair between two network namespaces created by the scenario (kernel TCP/IP on both ends, no loopback short-circuit; dpdk:// through net_af_packet on the same veth ends, frames of 1500 bytes)",
    params: {veth_mtu_tcp: $mtu, dpdk_frame_mtu: 1500, seconds_per_sample: $secs, reps: $reps, cpus: $cpus,
-            order: "per rep: bench tcp 1M, iperf3 1M (same bytes), bench dpdk 64K, bench tcp 64K",
+            order: "per rep: bench tcp 1M, iperf3 1M (same bytes), bench dpdk 64K, bench tcp 64K, testpmd txonly -> rxonly (af_packet)",
             metric: "decimal Gbit/s: bench bw_avg_gbps, iperf3 end.sum_received"},
    comparisons: $comparisons,
-   details: ({iperf3_version: $iperf, runs: $runs} + (if $dpdk_reason != "" then {dpdk_not_measured: $dpdk_reason} else {} end))}' \
+   details: ({iperf3_version: $iperf, runs: $runs, testpmd_failed_tries: $tp_failures}
+             + (if $dpdk_reason != "" then {dpdk_not_measured: $dpdk_reason} else {} end)
+             + (if $tp_reason != "" then {testpmd_left_out: $tp_reason} else {} end))}' \
   > "$BENCH_OUT"
 bench_log "wrote $BENCH_OUT"

@@ -1,6 +1,8 @@
 #include "transport/dpdk/dpdk_conn.h"
 
 #include <algorithm>
+#include <cstring>
+#include <thread>
 
 #include "base/logging.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -13,9 +15,22 @@ constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kInitialRtoNs = 100 * kMs;
 constexpr uint64_t kMinRtoNs = 10 * kMs;
 constexpr uint64_t kMaxRtoNs = 1000 * kMs;
-constexpr uint64_t kMinReorderWindowNs = 1 * kMs;
+constexpr uint64_t kMinReorderWindowNs = 100'000;
+// Tail loss probe: nothing acked for max(2 srtt, this) with data in flight
+// resends the newest unSACKed segment, so the SACKs it draws let RACK find
+// earlier losses instead of waiting for the retransmission timer.
+constexpr uint64_t kMinProbeTimeoutNs = 200'000;
 constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
+constexpr uint64_t kInitialCwndSegments = 32;
+constexpr uint64_t kMinCwndSegments = 16;
+constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
+// A blocked Read / Write polls the port itself until nothing moved for this
+// long; for the first kSpinNoYieldNs (a few round trips) without yielding the
+// CPU, since a sched_yield on a busy core can give the time slice away for
+// milliseconds.
+constexpr uint64_t kSpinNs = 1 * kMs;
+constexpr uint64_t kSpinNoYieldNs = 200'000;
 
 // now - then, 0 when `then` was stamped after `now` was read (by another thread).
 uint64_t Since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
@@ -78,6 +93,61 @@ uint64_t ConnState::retransmits() const {
   return retransmits_;
 }
 
+ConnState::Counters ConnState::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Counters{frames_sent_, retransmits_, injected_drops_};
+}
+
+template <typename Done>
+void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline, Done done) {
+  if (poller_) {
+    uint64_t last_progress = NowNanos();
+    while (!done() && !deadline.expired()) {
+      lock.unlock();
+      bool moved = poller_();
+      uint64_t now = NowNanos();
+      if (moved) {
+        last_progress = now;
+      } else if (now - last_progress > kSpinNs) {
+        lock.lock();
+        break;  // quiet: sleep below, the I/O thread takes over
+      } else if (now - last_progress > kSpinNoYieldNs) {
+        // Waiting longer than a round trip (window, acks, a slow peer): let
+        // the other threads on this core run between polls.
+        std::this_thread::yield();
+      }
+      lock.lock();
+    }
+    if (done() || deadline.expired()) return;
+  }
+  cv_.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
+}
+
+template <typename Fill>
+void ConnState::DeliverLocked(size_t n, Fill fill) {
+  size_t direct = 0;
+  if (posted_dst_ != nullptr && rcv_.size() == 0) {
+    direct = std::min(n, posted_max_ - posted_len_);
+    if (direct > 0) {
+      fill(posted_dst_ + posted_len_, direct, 0);
+      posted_len_ += direct;
+      rcv_.Skip(direct);
+    }
+  }
+  if (n > direct) {
+    rcv_.AppendWith(n - direct, [&](char* dst, size_t len, size_t done) { fill(dst, len, direct + done); });
+  }
+  rcv_nxt_ += n;
+}
+
+void ConnState::ReleaseSentLocked() {
+  uint64_t upto = snd_.PinFloor(std::min(snd_una_, snd_.end()));
+  if (upto > snd_.begin()) {
+    snd_.ConsumeTo(upto);
+    cv_.notify_all();
+  }
+}
+
 void ConnState::FailLocked(const Status& status) {
   if (phase_ == Phase::kDead) return;
   CANOPY_LOG(kDebug, "dpdk: connection {:08x} to {}:{} failed: {}", params_.local_id,
@@ -119,8 +189,8 @@ SegmentHeader ConnState::BaseHeaderLocked(uint64_t now_ns) const {
 void ConnState::FillSacksLocked(SegmentHeader* h, size_t max_blocks) const {
   if (ooo_.empty() || max_blocks == 0) return;
   std::vector<SackBlock> blocks;
-  for (const auto& [seq, bytes] : ooo_) {
-    uint64_t end = seq + bytes.size();
+  for (const auto& [seq, range_end] : ooo_) {
+    uint64_t end = range_end;
     if (end <= rcv_nxt_) continue;
     uint64_t start = std::max(seq, rcv_nxt_);
     if (!blocks.empty() && start <= blocks.back().end) {
@@ -171,6 +241,7 @@ bool ConnState::SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now
   if (seg.fin) h.flags |= kSegFlagFin;
   FillSacksLocked(&h, kDataSackBlocks);
   if (!EmitLocked(out, h, &snd_, seg.seq, now_ns)) return false;
+  ++frames_sent_;
   if (seg.sent_ns != 0) {
     static const SchemeCounters& counters = CountersForScheme("dpdk");
     seg.retransmitted = true;
@@ -228,7 +299,7 @@ void ConnState::OnSegment(const SegmentHeader& h, const PayloadSource& payload, 
 }
 
 void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
-  uint64_t una = snd_.begin();
+  uint64_t una = snd_una_;
   uint64_t max_ack = snd_nxt_ + (fin_sent_ ? 1 : 0);
   if (h.ack > max_ack) return;  // acknowledges bytes never sent: ignore the ack part
   peer_edge_ = std::max(peer_edge_, h.ack + h.window);
@@ -237,16 +308,29 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
     loss_scan_ = true;
   }
   if (h.ack > una || (fin_sent_ && !fin_acked_ && h.ack > fin_seq_)) {
-    snd_.ConsumeTo(std::min(h.ack, snd_.end()));
+    snd_una_ = std::max(snd_una_, std::min(h.ack, snd_.end()));
+    ReleaseSentLocked();
     if (fin_sent_ && h.ack > fin_seq_) fin_acked_ = true;
+    uint64_t acked = 0;
     while (!inflight_.empty()) {
       const Segment& s = inflight_.front();
       uint64_t end = s.seq + s.len + (s.fin ? 1 : 0);
       if (end > h.ack) break;
+      if (s.sacked) {
+        sacked_bytes_ -= s.len;
+      } else {
+        acked += s.len;
+      }
       inflight_.pop_front();
     }
+    const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+    OnAckedLocked(acked, mss);
     if (h.tsecr != 0 && h.tsecr <= now_ns) {
       uint64_t rtt = now_ns - h.tsecr;
+      if (min_rtt_ns_ == 0 || rtt < min_rtt_ns_ || now_ns - min_rtt_stamp_ns_ > kMinRttWindowNs) {
+        min_rtt_ns_ = rtt;
+        min_rtt_stamp_ns_ = now_ns;
+      }
       if (srtt_ns_ == 0) {
         srtt_ns_ = rtt;
         rttvar_ns_ = rtt / 2;
@@ -257,6 +341,8 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
       }
     }
     backoff_ = 0;
+    last_ack_ns_ = now_ns;
+    probe_sent_ = false;
     rto_deadline_ns_ = inflight_.empty() ? 0 : now_ns + RtoNs();
     last_space_ns_ = now_ns;
     cv_.notify_all();
@@ -267,6 +353,9 @@ void ConnState::HandleAckLocked(const SegmentHeader& h, uint64_t now_ns) {
     for (; it != inflight_.end() && it->seq + it->len <= b.end; ++it) {
       if (!it->sacked && it->len > 0) {
         it->sacked = true;
+        sacked_bytes_ += it->len;
+        last_ack_ns_ = now_ns;
+        probe_sent_ = false;
         it->lost = false;
         rack_ns_ = std::max(rack_ns_, it->sent_ns);
         loss_scan_ = true;
@@ -296,19 +385,17 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
       if (seq <= rcv_nxt_) {
         uint64_t skip = rcv_nxt_ - seq;
         size_t n = static_cast<size_t>(end - rcv_nxt_);
-        rcv_.AppendWith(n, [&](char* dst, size_t len, size_t done) {
+        DeliverLocked(n, [&](char* dst, size_t len, size_t done) {
           payload.CopyOut(static_cast<uint32_t>(skip + done), static_cast<uint32_t>(len), dst);
         });
-        rcv_nxt_ = end;
         DeliverOutOfOrderLocked();
         cv_.notify_all();
       } else {
-        auto it = ooo_.find(seq);
-        if (it == ooo_.end() || it->second.size() < end - seq) {
-          std::string bytes(static_cast<size_t>(end - seq), '\0');
-          payload.CopyOut(0, static_cast<uint32_t>(bytes.size()), bytes.data());
-          ooo_[seq] = std::move(bytes);
-        }
+        // Straight into the receive ring at its place (inside the window).
+        rcv_.WriteAt(seq, static_cast<size_t>(end - seq), [&](char* dst, size_t len, size_t done) {
+          payload.CopyOut(static_cast<uint32_t>(done), static_cast<uint32_t>(len), dst);
+        });
+        AddOutOfOrderLocked(seq, end);
         last_ooo_seq_ = seq;
         ack_now_ = true;
       }
@@ -321,16 +408,29 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
   CheckFinLocked();
 }
 
+void ConnState::AddOutOfOrderLocked(uint64_t start, uint64_t end) {
+  auto it = ooo_.lower_bound(start);
+  if (it != ooo_.begin() && std::prev(it)->second >= start) {
+    --it;
+    start = it->first;
+    end = std::max(end, it->second);
+    it = ooo_.erase(it);
+  }
+  while (it != ooo_.end() && it->first <= end) {
+    end = std::max(end, it->second);
+    it = ooo_.erase(it);
+  }
+  ooo_.emplace(start, end);
+}
+
 void ConnState::DeliverOutOfOrderLocked() {
   while (!ooo_.empty() && ooo_.begin()->first <= rcv_nxt_) {
-    auto node = ooo_.extract(ooo_.begin());
-    uint64_t seq = node.key();
-    const std::string& bytes = node.mapped();
-    uint64_t end = seq + bytes.size();
+    uint64_t end = ooo_.begin()->second;
+    ooo_.erase(ooo_.begin());
     if (end > rcv_nxt_) {
-      size_t skip = static_cast<size_t>(rcv_nxt_ - seq);
-      size_t n = rcv_.Append(bytes.data() + skip, bytes.size() - skip);
-      rcv_nxt_ += n;
+      // Those bytes already sit in rcv_ past its end (rcv_.end() == rcv_nxt_).
+      rcv_.ExtendTo(end);
+      rcv_nxt_ = end;
     }
   }
 }
@@ -346,13 +446,44 @@ void ConnState::CheckFinLocked() {
 void ConnState::DetectLossLocked() {
   loss_scan_ = false;
   uint64_t reo = std::max<uint64_t>(srtt_ns_ / 4, kMinReorderWindowNs);
+  bool found = false;
   for (Segment& s : inflight_) {
     if (s.sent_ns + reo >= rack_ns_) {
       if (!s.retransmitted) break;  // everything after was sent later still
       continue;
     }
-    if (!s.sacked && !s.lost && s.sent_ns != 0) s.lost = true;
+    if (!s.sacked && !s.lost && s.sent_ns != 0) {
+      s.lost = true;
+      found = true;
+    }
   }
+  if (found) OnLossLocked(false);
+}
+
+void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
+  if (acked_bytes == 0 || cwnd_ == 0) return;
+  if (snd_una_ < recovery_end_) return;  // no growth while recovering
+  if (cwnd_ < ssthresh_) {
+    cwnd_ += acked_bytes;  // slow start
+  } else {
+    cwnd_ += std::max<uint64_t>(1, uint64_t{mss} * acked_bytes / cwnd_);
+  }
+  cwnd_ = std::min<uint64_t>(cwnd_, snd_.capacity());
+}
+
+void ConnState::OnLossLocked(bool timeout) {
+  if (cwnd_ == 0) return;
+  if (!timeout && snd_una_ < recovery_end_) return;  // this window was already reduced
+  const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+  // A timeout, or a standing queue (srtt 4x the minimum RTT), means the loss
+  // is congestive: halve. Otherwise (random loss on a short queue) take
+  // 15% off, so a lossy link degrades smoothly; still multiplicative, so
+  // connections sharing a bottleneck converge to equal shares.
+  bool congestive = timeout || (min_rtt_ns_ > 0 && srtt_ns_ > 4 * min_rtt_ns_);
+  uint64_t reduced = congestive ? cwnd_ / 2 : cwnd_ * 85 / 100;
+  cwnd_ = std::max<uint64_t>(reduced, kMinCwndSegments * mss);
+  ssthresh_ = cwnd_;
+  recovery_end_ = snd_nxt_;
 }
 
 void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
@@ -410,7 +541,17 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
   }
 
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
+  if (snd_.begin() < snd_una_) ReleaseSentLocked();  // frames that pinned acked bytes are gone now
   if (loss_scan_) DetectLossLocked();
+  if (!inflight_.empty() && !probe_sent_ && srtt_ns_ != 0 &&
+      now > std::max(last_ack_ns_, last_sent_ns_) + std::max(2 * srtt_ns_, kMinProbeTimeoutNs)) {
+    for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) {
+      if (it->sacked || it->lost || it->sent_ns == 0) continue;
+      it->lost = true;  // resent below; not a loss episode for congestion control
+      probe_sent_ = true;
+      break;
+    }
+  }
   if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
     uint64_t rto = RtoNs();
     bool marked = false;
@@ -425,6 +566,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     }
     if (backoff_ < 16) ++backoff_;
     rto_deadline_ns_ = now + RtoNs();
+    if (marked) OnLossLocked(true);
   }
 
   // Retransmissions first.
@@ -435,8 +577,12 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     --budget;
   }
   // New data within the peer's window and our in-flight bound (the send buffer).
+  if (cwnd_ == 0) cwnd_ = kInitialCwndSegments * mss;
   while (budget > 0 && snd_nxt_ < snd_.end()) {
+    const uint64_t pipe = snd_nxt_ - snd_una_ - std::min(sacked_bytes_, snd_nxt_ - snd_una_);
+    if (pipe >= cwnd_) break;  // congestion window full
     uint64_t allowed = peer_edge_ > snd_nxt_ ? peer_edge_ - snd_nxt_ : 0;
+    allowed = std::min<uint64_t>(allowed, cwnd_ - pipe + mss - 1);
     uint64_t len = std::min<uint64_t>({mss, snd_.end() - snd_nxt_, allowed});
     if (len == 0) break;
     if (len < mss && len < snd_.end() - snd_nxt_ && allowed < mss && !inflight_.empty())
@@ -513,8 +659,11 @@ Status ConnState::Write(const char* data, size_t n) {
       data += chunk;
       n -= chunk;
       progress_ns = NowNanos();
+      bool push = poller_ && snd_.end() - snd_nxt_ >= params_.mss;
       lock.unlock();
-      Wake();
+      // Run to completion: a full segment's worth goes out from this thread
+      // now (smaller writes wait for more bytes, or for the next poll).
+      if (!push || !poller_()) Wake();
       lock.lock();
       continue;
     }
@@ -527,7 +676,8 @@ Status ConnState::Write(const char* data, size_t n) {
       return Status::Timeout("send made no progress for " + Ms(Since(now, progress_ns)) +
                              " (peer not reading)");
     }
-    cv_.wait_for(lock, std::chrono::milliseconds(20));
+    WaitLocked(lock, Deadline::After(std::chrono::milliseconds(20)),
+               [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
   }
   return Status::Ok();
 }
@@ -546,8 +696,17 @@ Result<size_t> ConnState::Read(char* dst, size_t max, Deadline deadline) {
     if (eof_) return Status::Closed("peer closed the connection");
     if (!error_.ok()) return error_;
     if (deadline.expired()) return Status::Timeout("receive deadline passed");
-    cv_.wait_for(lock,
-                 std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
+    if (max == 0) return size_t{0};
+    // Post dst: in-order bytes arriving while we wait are copied straight into it.
+    posted_dst_ = dst;
+    posted_max_ = max;
+    posted_len_ = 0;
+    WaitLocked(lock, deadline,
+               [&] { return posted_len_ > 0 || rcv_.size() > 0 || eof_ || !error_.ok() || app_closed_; });
+    size_t got = posted_len_;
+    posted_dst_ = nullptr;
+    posted_max_ = posted_len_ = 0;
+    if (got > 0) return got;
   }
 }
 

@@ -13,6 +13,19 @@
 //   - Loss recovery: RACK-style (a segment sent well before the newest one the
 //     peer has seen, per the echoed timestamp, and not SACKed is resent) and a
 //     retransmission timer (RFC 6298 estimator, exponential backoff).
+//     Only segments judged lost (or, on a timeout, sent more than an RTO ago)
+//     are resent, never whole windows; a tail loss probe (one segment after
+//     max(2 srtt, 200 us) without acks) draws the SACKs that let RACK see
+//     losses at the end of a burst without waiting for the timer.
+//   - Congestion control: a congestion window (slow start, then +1 MSS per
+//     window acked) bounds the bytes in the pipe (sent, not acked, not
+//     SACKed). A loss episode (at most one per window) halves it when the
+//     RTT shows a standing queue (srtt over 4x the minimum RTT: the loss is
+//     congestive) and takes 15% off otherwise (random loss on a short queue,
+//     so a lossy link degrades smoothly); a timeout halves it. Never below
+//     kMinCwndSegments segments.
+//   - Zero-copy transmit: the port may point frames straight into the send
+//     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
 //     for io_timeout fails the connection with Unavailable.
 //   - Tear-down: FIN after the last byte (Shutdown), RST on abort / unknown id.
@@ -20,8 +33,16 @@
 //   dropped; delivery is always in order and byte-exact.
 //
 // Thread safety: every method takes the internal mutex. On* / Poll / Finished
-// are called by the port's I/O thread only; Write / Read / Shutdown / Abort
-// by application threads (blocking ones wait on a condition variable).
+// are called by whoever holds the port's poll lock (its I/O thread, or an
+// application thread polling the port itself); Write / Read / Shutdown /
+// Abort by application threads. Run to completion: a blocked Read or Write
+// first polls the port from its own thread (the poller hook) while traffic
+// flows, so a frame is received, processed and copied into the caller's
+// buffer by the thread that wants it; only after kSpinNs without progress does
+// it sleep on a condition variable and leave the port to the I/O thread.
+// A Read that finds no buffered bytes posts the caller's buffer: in-order
+// payload arriving while it waits is copied from the frame straight into it
+// (one copy on receive).
 #pragma once
 
 #include <chrono>
@@ -135,6 +156,21 @@ class ConnState {
   // Set by the port: called after Write/Shutdown/Read so a sleeping I/O
   // thread wakes up.
   void set_wakeup(std::function<void()> wakeup) { wakeup_ = std::move(wakeup); }
+  // Set by the port: runs one datapath iteration in the calling thread unless
+  // another thread is polling; returns whether any frame moved. Called
+  // without the connection's mutex.
+  void set_poller(std::function<bool()> poller) { poller_ = std::move(poller); }
+
+  // Fault injection accounting (the port calls it inside Emit).
+  void CountInjectedDrop() const { ++injected_drops_; }
+  // Frames sent (first transmissions + retransmissions), retransmissions,
+  // frames dropped by fault injection.
+  struct Counters {
+    uint64_t frames_sent = 0;
+    uint64_t retransmits = 0;
+    uint64_t injected_drops = 0;
+  };
+  Counters counters() const;
 
  private:
   enum class Phase { kSynSent, kSynReceived, kEstablished, kDead };
@@ -153,6 +189,17 @@ class ConnState {
   void HandleAckLocked(const SegmentHeader& h, uint64_t now_ns);
   void HandleDataLocked(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns);
   void DeliverOutOfOrderLocked();
+  void AddOutOfOrderLocked(uint64_t start, uint64_t end);
+  // Delivers the next n in-order bytes (filled by fill(dst, len, done)): into
+  // a posted Read buffer first, the rest into rcv_.
+  template <typename Fill>
+  void DeliverLocked(size_t n, Fill fill);
+  // Frees acked send-ring bytes no queued frame pins.
+  void ReleaseSentLocked();
+  // Waits until done() (or the deadline / a 20 ms slice), polling the port
+  // from this thread first (run to completion).
+  template <typename Done>
+  void WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline, Done done);
   void CheckFinLocked();
   uint32_t AdvertisedWindowLocked() const;
   SegmentHeader BaseHeaderLocked(uint64_t now_ns) const;
@@ -161,6 +208,9 @@ class ConnState {
                   uint64_t now_ns);
   bool SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns);
   void DetectLossLocked();
+  // A loss episode starts (detected by RACK, or a timeout): shrinks cwnd_.
+  void OnLossLocked(bool timeout);
+  void OnAckedLocked(uint64_t acked_bytes, uint32_t mss);
   bool PeerAddressLocked(SegmentOutput& out, uint64_t now_ns);
   uint64_t RtoNs() const;
   void Wake() const {
@@ -170,6 +220,7 @@ class ConnState {
   const ConnParams params_;
   mutable uint64_t fault_rng_;
   std::function<void()> wakeup_;
+  std::function<bool()> poller_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -188,7 +239,8 @@ class ConnState {
   uint64_t last_sent_ns_ = 0;
 
   // Send side.
-  ByteRing snd_;            // [snd_una, write end)
+  ByteRing snd_;            // [released, write end): acked bytes stay while frames pin them
+  uint64_t snd_una_ = 0;    // oldest unacknowledged offset
   uint64_t snd_nxt_ = 0;    // next new offset to send
   uint64_t peer_edge_ = 0;  // peer's ack + window
   std::deque<Segment> inflight_;
@@ -205,11 +257,24 @@ class ConnState {
   uint64_t probe_next_ns_ = 0;
   uint64_t last_space_ns_ = 0;  // when the send buffer last had room (for the Write timeout)
   uint64_t retransmits_ = 0;
+  // Congestion control.
+  uint64_t cwnd_ = 0;  // 0 until the MSS is known
+  uint64_t ssthresh_ = UINT64_MAX;
+  uint64_t recovery_end_ = 0;  // no new reduction until snd_una_ passes this
+  uint64_t sacked_bytes_ = 0;  // bytes of inflight_ segments SACKed
+  uint64_t min_rtt_ns_ = 0;
+  uint64_t min_rtt_stamp_ns_ = 0;
+  uint64_t last_ack_ns_ = 0;  // when the peer last acked or SACKed new bytes
+  bool probe_sent_ = false;   // a tail loss probe is out since then
+  uint64_t frames_sent_ = 0;
+  mutable uint64_t injected_drops_ = 0;
 
   // Receive side.
   ByteRing rcv_;  // in-order bytes not yet read by the application
   uint64_t rcv_nxt_ = 0;
-  std::map<uint64_t, std::string> ooo_;  // out-of-order segments by seq
+  // Out-of-order byte ranges [first, second), already written into rcv_ at
+  // their place past its end (one copy, no allocation per segment).
+  std::map<uint64_t, uint64_t> ooo_;
   uint64_t last_ooo_seq_ = 0;
   bool peer_fin_ = false;
   uint64_t peer_fin_seq_ = 0;
@@ -218,6 +283,10 @@ class ConnState {
   bool ack_now_ = false;
   uint64_t advertised_edge_ = 0;
   uint64_t ts_recent_ = 0;
+  // A Read waiting for bytes: in-order payload goes straight here.
+  char* posted_dst_ = nullptr;
+  size_t posted_max_ = 0;
+  size_t posted_len_ = 0;
 };
 
 }  // namespace canopy::transport::dpdk

@@ -13,8 +13,11 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <random>
+#include <thread>
 
 #include "base/logging.h"
 
@@ -29,6 +32,86 @@ constexpr int kPollBudget = 32;
 constexpr uint64_t kReorderHoldNs = 1'000'000;
 constexpr uint64_t kStuckTxNs = 200'000'000;
 constexpr uint64_t kSpinAfterTrafficNs = 200'000;
+// The I/O thread stays out of the way while an application thread polled this recently.
+constexpr uint64_t kAppPollGraceNs = 100'000;
+constexpr uint32_t kDefaultMemifBufferBytes = 2048;  // net_memif's bsize default
+
+// The bsize= of the --vdev that created memif port `name` (its shared-memory
+// buffer size), else memif's default.
+uint32_t MemifBufferBytes(const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> words;
+  for (const std::string& a : args) {
+    size_t start = 0;
+    while (start <= a.size()) {
+      size_t space = a.find(' ', start);
+      if (space == std::string::npos) space = a.size();
+      if (space > start) words.push_back(a.substr(start, space - start));
+      start = space + 1;
+    }
+  }
+  for (size_t i = 0; i < words.size(); ++i) {
+    std::string vdev;
+    if (words[i].rfind("--vdev=", 0) == 0) {
+      vdev = words[i].substr(7);
+    } else if (words[i] == "--vdev" && i + 1 < words.size()) {
+      vdev = words[i + 1];
+    } else {
+      continue;
+    }
+    if (vdev != name && vdev.rfind(name + ",", 0) != 0) continue;
+    size_t at = vdev.find(",bsize=");
+    if (at == std::string::npos) return kDefaultMemifBufferBytes;
+    unsigned long v = std::strtoul(vdev.c_str() + at + 7, nullptr, 0);
+    return v >= 256 && v <= 65535 ? static_cast<uint32_t>(v) : kDefaultMemifBufferBytes;
+  }
+  return kDefaultMemifBufferBytes;
+}
+
+// Checksum policy (DpdkPort::ChecksumMode):
+//  - kLinkGuaranteed on net_memif: frames go through shared memory between
+//    processes of one host, copied by the CPU; no wire, no bit errors, so the
+//    UDP checksum is left 0 (legal for IPv4 UDP) and not verified. The IPv4
+//    header checksum (20 bytes) is still set and checked.
+//  - kOffload where the port offers both IPv4 and UDP checksum offload in both
+//    directions: the NIC computes them; received frames flagged bad are
+//    dropped, unknown ones are checked in software.
+//  - kSoftware otherwise (e.g. net_af_packet, whose interface may be a real
+//    wire): computed and verified by the CPU.
+// In every mode the segment header carries its own end-to-end check
+// (dpdk_wire.h, header_check).
+
+// In the private area of an mbuf attached to a connection's send ring: the
+// shared-info block DPDK calls back through when the driver frees the mbuf,
+// and the storage it keeps alive and pins.
+struct TxPin {
+  rte_mbuf_ext_shared_info shinfo;
+  std::shared_ptr<RingStorage> storage;
+  uint64_t from = 0;
+  uint64_t to = 0;
+};
+constexpr uint16_t kMbufPrivSize =
+    static_cast<uint16_t>((sizeof(TxPin) + RTE_MBUF_PRIV_ALIGN - 1) / RTE_MBUF_PRIV_ALIGN * RTE_MBUF_PRIV_ALIGN);
+
+// rte_mbuf_extbuf_free_callback_t: runs where the mbuf is freed, i.e. in the
+// datapath under the poll lock (tx burst, fault injection, stuck-queue drop).
+void ReleasePin(void* /*addr*/, void* opaque) {
+  auto* pin = static_cast<TxPin*>(opaque);
+  pin->storage->Unpin(pin->from, pin->to);
+  pin->~TxPin();
+}
+
+// Registers the calling application thread with the EAL once (an lcore id of
+// its own, so mbuf allocation uses a per-thread mempool cache).
+void RegisterPollingThread() {
+  struct Registration {
+    bool ok = rte_thread_register() == 0;
+    ~Registration() {
+      if (ok) rte_thread_unregister();
+    }
+  };
+  thread_local Registration registration;
+  (void)registration;
+}
 
 std::string DpdkError(int err) { return rte_strerror(err < 0 ? -err : err); }
 
@@ -95,31 +178,70 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   if (rc != 0) return Status::IOError(what + ": rte_eth_dev_info_get: " + DpdkError(rc));
 
   const uint32_t mbuf_room = settings.mbuf_bytes;
+  const std::string driver = info.driver_name != nullptr ? info.driver_name : "";
+  const bool memif = driver == "net_memif";
   port->multi_seg_ = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
-  uint32_t mtu = settings.mtu;
-  if (info.max_mtu > 0) mtu = std::min<uint32_t>(mtu, info.max_mtu);
+  // Drivers that copy frames with the CPU can take mbufs pointing at any memory.
+  port->zero_copy_tx_ = port->multi_seg_ && (memif || driver == "net_af_packet");
+  uint32_t port_max = info.max_mtu > 0 ? info.max_mtu : UINT32_MAX;
   if (info.max_rx_pktlen > RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN) {
-    mtu = std::min<uint32_t>(mtu, info.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN);
+    port_max = std::min<uint32_t>(port_max, info.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN);
   }
-  if (!port->multi_seg_) mtu = std::min<uint32_t>(mtu, mbuf_room - RTE_ETHER_HDR_LEN);
-  bool scatter = mtu + RTE_ETHER_HDR_LEN > mbuf_room;
-  if (scatter && !(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER) &&
-      port->name_.rfind("net_memif", 0) != 0) {
-    // Receiving frames larger than one mbuf needs scatter (memif chains on its own).
-    mtu = mbuf_room - RTE_ETHER_HDR_LEN;
-    scatter = false;
+  uint32_t mtu = settings.mtu;
+  std::string mtu_refusal;  // why the port runs below the requested MTU
+  bool scatter = false;
+  if (memif) {
+    // DPDK 22.11's memif reports a fixed 1518-byte maximum frame, but it
+    // takes any frame that fits one of its shared-memory buffers (bsize=):
+    // only ethdev's configure check uses that figure. Configure within it and
+    // send frames up to the buffer size. Frames chained over several memif
+    // buffers arrived damaged in our tests (22.11), so they are not used.
+    const uint32_t bsize = MemifBufferBytes(settings.eal_args, port->name_);
+    if (mtu + RTE_ETHER_HDR_LEN > bsize) {
+      mtu = bsize - RTE_ETHER_HDR_LEN;
+      mtu_refusal = "a frame must fit one " + std::to_string(bsize) + "-byte memif buffer (raise bsize= in --vdev=" +
+                    port->name_ + ",...; 16384 allows MTU 9000)";
+    }
+  } else {
+    if (mtu > port_max) {
+      mtu = port_max;
+      mtu_refusal = "the port's maximum MTU is " + std::to_string(port_max);
+    }
+    if (!port->multi_seg_ && mtu + RTE_ETHER_HDR_LEN > mbuf_room) {
+      mtu = mbuf_room - RTE_ETHER_HDR_LEN;
+      mtu_refusal = "the port has no multi-segment transmit, so a frame must fit one " + std::to_string(mbuf_room) +
+                    "-byte mbuf (raise mbuf_bytes=)";
+    }
+    scatter = mtu + RTE_ETHER_HDR_LEN > mbuf_room;
+    if (scatter && !(info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER)) {
+      mtu = mbuf_room - RTE_ETHER_HDR_LEN;
+      scatter = false;
+      mtu_refusal = "the port has no rx scatter, so a frame must fit one " + std::to_string(mbuf_room) +
+                    "-byte mbuf (raise mbuf_bytes=)";
+    }
   }
 
   rte_eth_conf conf;
   std::memset(&conf, 0, sizeof(conf));
   if (port->multi_seg_) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
-  if (scatter && (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER))
-    conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
-  conf.rxmode.mtu = mtu;  // PMDs without an mtu_set op (memif) take it from here
+  if (scatter) conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
+  const uint64_t tx_csum = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+  const uint64_t rx_csum = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
+  if (memif) {
+    port->checksum_ = ChecksumMode::kLinkGuaranteed;
+  } else if ((info.tx_offload_capa & tx_csum) == tx_csum && (info.rx_offload_capa & rx_csum) == rx_csum) {
+    port->checksum_ = ChecksumMode::kOffload;
+    conf.txmode.offloads |= tx_csum;
+    conf.rxmode.offloads |= rx_csum;
+  }
+  // PMDs without an mtu_set op (memif) take the MTU from here.
+  conf.rxmode.mtu = std::min(mtu, port_max);
   rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
   if (rc != 0 && mtu != RTE_ETHER_MTU) {
+    mtu_refusal = "rte_eth_dev_configure refused MTU " + std::to_string(mtu) + ": " + DpdkError(rc);
     mtu = RTE_ETHER_MTU;
     conf.rxmode.mtu = mtu;
+    conf.rxmode.offloads &= ~RTE_ETH_RX_OFFLOAD_SCATTER;
     rc = rte_eth_dev_configure(port_id, 1, 1, &conf);
   }
   if (rc != 0) return Status::IOError(what + ": rte_eth_dev_configure: " + DpdkError(rc));
@@ -132,7 +254,7 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   int socket = rte_eth_dev_socket_id(port_id);
   if (socket < 0) socket = static_cast<int>(rte_socket_id());
   std::string pool_name = "canopy_p" + std::to_string(port_id);
-  port->pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), mbufs, 256, 0,
+  port->pool_ = rte_pktmbuf_pool_create(pool_name.c_str(), mbufs, 256, kMbufPrivSize,
                                         static_cast<uint16_t>(mbuf_room + RTE_PKTMBUF_HEADROOM), socket);
   if (port->pool_ == nullptr) {
     return Status::ResourceExhausted(what + ": cannot create a pool of " + std::to_string(mbufs) +
@@ -144,12 +266,16 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   txconf.offloads = conf.txmode.offloads;
   rc = rte_eth_tx_queue_setup(port_id, 0, nb_txd, static_cast<unsigned>(socket), &txconf);
   if (rc != 0) return Status::IOError(what + ": tx queue setup: " + DpdkError(rc));
-  uint16_t current_mtu = 1500;
-  if (rte_eth_dev_set_mtu(port_id, static_cast<uint16_t>(mtu)) != 0 ||
-      rte_eth_dev_get_mtu(port_id, &current_mtu) != 0) {
+  if (!memif) {
+    uint16_t current_mtu = 1500;
+    int set_rc = rte_eth_dev_set_mtu(port_id, static_cast<uint16_t>(mtu));
     if (rte_eth_dev_get_mtu(port_id, &current_mtu) != 0) current_mtu = 1500;
+    if (current_mtu < mtu) {
+      mtu_refusal = "rte_eth_dev_set_mtu(" + std::to_string(mtu) + ") left the port at " +
+                    std::to_string(current_mtu) + (set_rc != 0 ? ": " + DpdkError(set_rc) : "");
+      mtu = current_mtu;
+    }
   }
-  mtu = std::min<uint32_t>(mtu, current_mtu);
   rc = rte_eth_dev_start(port_id);
   if (rc != 0) return Status::IOError(what + ": rte_eth_dev_start: " + DpdkError(rc));
   (void)rte_eth_promiscuous_enable(port_id);
@@ -168,9 +294,17 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   port->mss_ = mtu - 20 - 8 - static_cast<uint32_t>(kSegmentHeaderSize + kDataSackBlocks * kSackBlockSize);
   port->id_state_ = (uint64_t{rd()} << 32) | rd();
   port->next_ephemeral_ = static_cast<uint16_t>(49152 + rd() % 16000);
-  CANOPY_LOG(kInfo, "dpdk: {} up: mac {} mtu {} (mss {}), {} mbufs of {} bytes, {} rx / {} tx descriptors{}",
+  if (mtu < settings.mtu) {
+    CANOPY_LOG(kInfo, "dpdk: {}: MTU {} requested, {} used: {}", what, settings.mtu, mtu, mtu_refusal);
+  }
+  const char* checksum = port->checksum_ == ChecksumMode::kLinkGuaranteed ? "none (memif shared memory)"
+                         : port->checksum_ == ChecksumMode::kOffload      ? "offloaded"
+                                                                           : "software";
+  CANOPY_LOG(kInfo,
+             "dpdk: {} up: mac {} mtu {} (mss {}), {} mbufs of {} bytes, {} rx / {} tx descriptors{}{}, "
+             "UDP checksum {}",
              what, FormatMac(port->mac_), port->mtu_, port->mss_, mbufs, mbuf_room, nb_rxd, nb_txd,
-             port->multi_seg_ ? ", multi-segment tx" : "");
+             port->multi_seg_ ? ", multi-segment tx" : "", port->zero_copy_tx_ ? ", zero-copy tx" : "", checksum);
   DpdkPort* raw = port.get();
   port->thread_ = std::thread([raw] { raw->Run(); });
   return port;
@@ -180,6 +314,12 @@ DpdkPort::~DpdkPort() {
   running_ = false;
   Wake();
   if (thread_.joinable()) thread_.join();
+  // Frames never handed to the driver still pin (and keep alive) send rings.
+  std::lock_guard<std::mutex> lock(poll_mu_);
+  for (rte_mbuf* m : tx_pending_) rte_pktmbuf_free(m);
+  tx_pending_.clear();
+  for (const Delayed& d : delayed_) rte_pktmbuf_free(d.mbuf);
+  delayed_.clear();
 }
 
 uint32_t DpdkPort::DefaultIp() {
@@ -263,6 +403,7 @@ Result<std::shared_ptr<ConnState>> DpdkPort::AddClient(ConnParams params) {
     params.mss = mss_;
     conn = ConnState::NewClient(params, NowNanos());
     conn->set_wakeup([this] { Wake(); });
+    conn->set_poller([this] { return PollFromApp(); });
     conns_[params.local_id] = conn;
     ++table_gen_;
   }
@@ -290,53 +431,76 @@ void DpdkPort::RefreshSnapshot() {
   io_addresses_ = std::set<uint32_t>(addresses_.begin(), addresses_.end());
 }
 
+bool DpdkPort::PollFromApp() {
+  last_app_poll_ns_.store(NowNanos(), std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lock(poll_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  RegisterPollingThread();
+  return PollOnce();
+}
+
+bool DpdkPort::PollOnce() {
+  rte_mbuf* rx[kBurst];
+  RefreshSnapshot();
+  uint64_t now = NowNanos();
+  uint16_t n = rte_eth_rx_burst(port_id_, 0, rx, kBurst);
+  for (uint16_t i = 0; i < n; ++i) {
+    HandleFrame(rx[i], now);
+    rte_pktmbuf_free(rx[i]);
+  }
+  RefreshSnapshot();
+  bool finished_any = false;
+  uint64_t before = frames_enqueued_;
+  for (const auto& c : io_list_) {
+    c->Poll(*this, now, kPollBudget);
+    if (c->Finished()) finished_any = true;
+  }
+  if (finished_any) {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (it->second->Finished()) {
+        const ConnParams& p = it->second->params();
+        auto c = it->second->counters();
+        CANOPY_LOG(kDebug, "dpdk: connection {:08x} done: {} frames sent, {} retransmitted, {} dropped by fault injection",
+                   p.local_id, c.frames_sent, c.retransmits, c.injected_drops);
+        syn_index_.erase(SynKey{p.remote_ip, p.remote_port, it->second->remote_id()});
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++table_gen_;
+  }
+  bool had_pending = !tx_pending_.empty();
+  FlushTx(now);
+  return n > 0 || frames_enqueued_ != before || had_pending;
+}
+
 void DpdkPort::Run() {
   (void)rte_thread_register();
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  rte_mbuf* rx[kBurst];
   int idle = 0;
   uint64_t last_busy_ns = 0;
   while (running_.load(std::memory_order_relaxed)) {
-    RefreshSnapshot();
     uint64_t now = NowNanos();
-    uint16_t n = rte_eth_rx_burst(port_id_, 0, rx, kBurst);
-    for (uint16_t i = 0; i < n; ++i) {
-      HandleFrame(rx[i], now);
-      rte_pktmbuf_free(rx[i]);
+    bool app_polls = now - last_app_poll_ns_.load(std::memory_order_relaxed) < kAppPollGraceNs;
+    bool busy = false;
+    if (!app_polls) {
+      std::unique_lock<std::mutex> lock(poll_mu_, std::try_to_lock);
+      if (lock.owns_lock()) busy = PollOnce();
     }
-    RefreshSnapshot();
-    bool finished_any = false;
-    uint64_t before = frames_enqueued_;
-    for (const auto& c : io_list_) {
-      c->Poll(*this, now, kPollBudget);
-      if (c->Finished()) finished_any = true;
-    }
-    if (finished_any) {
-      std::lock_guard<std::mutex> lock(table_mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        if (it->second->Finished()) {
-          const ConnParams& p = it->second->params();
-          syn_index_.erase(SynKey{p.remote_ip, p.remote_port, it->second->remote_id()});
-          it = conns_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      ++table_gen_;
-    }
-    FlushTx(now);
-    bool busy = n > 0 || frames_enqueued_ != before || !tx_pending_.empty();
     if (busy) {
       idle = 0;
       last_busy_ns = now;
       continue;
     }
-    // Keep polling for a while after traffic (a reply usually follows soon).
-    if (++idle < 200 || now - last_busy_ns < kSpinAfterTrafficNs) continue;
+    // Keep polling for a while after traffic (a reply usually follows soon),
+    // unless an application thread does the polling itself.
+    if (!app_polls && (++idle < 200 || now - last_busy_ns < kSpinAfterTrafficNs)) continue;
     // Idle: sleep briefly (timers run at least every 200 us); Wake() cuts it short.
     std::unique_lock<std::mutex> lock(sleep_mu_);
     sleeping_.store(true, std::memory_order_release);
-    if (!wake_pending_) sleep_cv_.wait_for(lock, std::chrono::microseconds(idle < 2000 ? 20 : 200));
+    if (!wake_pending_) sleep_cv_.wait_for(lock, std::chrono::microseconds(app_polls || idle < 2000 ? 20 : 200));
     wake_pending_ = false;
     sleeping_.store(false, std::memory_order_release);
   }
@@ -366,7 +530,9 @@ void DpdkPort::HandleFrame(rte_mbuf* m, uint64_t now) {
   uint16_t ip_total = rte_be_to_cpu_16(ip->total_length);
   if (ip_total < 28 || ip_total > len - RTE_ETHER_HDR_LEN) return;
   if (ip != &ip_copy) std::memcpy(&ip_copy, ip, sizeof(ip_copy));
-  if (rte_ipv4_cksum(&ip_copy) != 0) return;
+  const uint64_t ip_flags = m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK;
+  if (ip_flags == RTE_MBUF_F_RX_IP_CKSUM_BAD) return;
+  if (ip_flags != RTE_MBUF_F_RX_IP_CKSUM_GOOD && rte_ipv4_cksum(&ip_copy) != 0) return;
   uint32_t dst_ip = rte_be_to_cpu_32(ip_copy.dst_addr);
   uint32_t src_ip = rte_be_to_cpu_32(ip_copy.src_addr);
   if (io_addresses_.count(dst_ip) == 0) return;
@@ -376,10 +542,18 @@ void DpdkPort::HandleFrame(rte_mbuf* m, uint64_t now) {
       rte_pktmbuf_read(m, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr), sizeof(rte_udp_hdr), &udp_copy));
   uint16_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
   if (udp_len < sizeof(rte_udp_hdr) + kSegmentHeaderSize || udp_len > ip_total - sizeof(rte_ipv4_hdr)) return;
-  if (udp->dgram_cksum == 0) return;  // canopy always sets it; bulk bytes rely on it
   uint16_t src_port = rte_be_to_cpu_16(udp->src_port);
   uint16_t dst_port = rte_be_to_cpu_16(udp->dst_port);
-  if (rte_ipv4_udptcp_cksum_mbuf_verify(m, &ip_copy, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr)) != 0) return;
+  if (udp->dgram_cksum == 0) {
+    // No checksum: only acceptable where the link cannot damage frames.
+    if (checksum_ != ChecksumMode::kLinkGuaranteed) return;
+  } else {
+    const uint64_t l4_flags = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
+    if (l4_flags == RTE_MBUF_F_RX_L4_CKSUM_BAD) return;
+    if (l4_flags != RTE_MBUF_F_RX_L4_CKSUM_GOOD &&
+        rte_ipv4_udptcp_cksum_mbuf_verify(m, &ip_copy, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr)) != 0)
+      return;
+  }
   neighbours_[src_ip] = src_mac;
 
   const uint32_t seg_off = kOuterHeaderSize;
@@ -430,6 +604,7 @@ void DpdkPort::HandleSyn(const SegmentHeader& h, uint32_t src_ip, uint16_t src_p
         params.mss = mss_;
         auto fresh = ConnState::NewServer(params, h, src_mac, now);
         fresh->set_wakeup([this] { Wake(); });
+        fresh->set_poller([this] { return PollFromApp(); });
         if (!l->second->Push(fresh)) return;  // backlog full: the dialler retries
         conns_[params.local_id] = fresh;
         syn_index_[SynKey{src_ip, src_port, h.src_conn}] = params.local_id;
@@ -563,6 +738,37 @@ rte_mbuf* DpdkPort::BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint1
   EncodeSegmentHeader(h, reinterpret_cast<char*>(udp + 1));
   uint32_t done = 0;
   rte_mbuf* last = m;
+  while (zero_copy_tx_ && done < h.payload_len) {
+    // Attach the next contiguous piece of the send ring; it stays pinned until freed.
+    const uint64_t at = offset + done;
+    const uint32_t chunk = static_cast<uint32_t>(std::min<uint64_t>(
+        {h.payload_len - done, data->ContiguousFrom(at), UINT16_MAX}));
+    rte_mbuf* x = rte_pktmbuf_alloc(pool_);
+    if (x == nullptr) {
+      rte_pktmbuf_free(m);
+      return nullptr;
+    }
+    auto* pin = new (rte_mbuf_to_priv(x)) TxPin();
+    pin->shinfo.free_cb = ReleasePin;
+    pin->shinfo.fcb_opaque = pin;
+    rte_mbuf_ext_refcnt_set(&pin->shinfo, 1);
+    pin->storage = data->storage();
+    pin->from = at;
+    pin->to = at + chunk;
+    pin->storage->Pin(pin->from, pin->to);
+    char* addr = data->At(at);
+    rte_iova_t iova = rte_eal_iova_mode() == RTE_IOVA_VA ? static_cast<rte_iova_t>(reinterpret_cast<uintptr_t>(addr))
+                                                         : RTE_BAD_IOVA;
+    rte_pktmbuf_attach_extbuf(x, addr, iova, static_cast<uint16_t>(chunk), &pin->shinfo);
+    x->data_len = static_cast<uint16_t>(chunk);
+    x->pkt_len = chunk;
+    if (rte_pktmbuf_chain(m, x) != 0) {
+      rte_pktmbuf_free(x);
+      rte_pktmbuf_free(m);
+      return nullptr;
+    }
+    done += chunk;
+  }
   while (done < h.payload_len) {
     uint16_t room = rte_pktmbuf_tailroom(last);
     if (room == 0) {
@@ -580,7 +786,20 @@ rte_mbuf* DpdkPort::BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint1
     data->CopyOut(offset + done, chunk, dst);
     done += chunk;
   }
-  udp->dgram_cksum = rte_ipv4_udptcp_cksum_mbuf(m, ip, kOuterHeaderSize - sizeof(rte_udp_hdr));
+  switch (checksum_) {
+    case ChecksumMode::kLinkGuaranteed:
+      break;  // 0: no UDP checksum (see the policy at the top)
+    case ChecksumMode::kOffload:
+      m->l2_len = RTE_ETHER_HDR_LEN;
+      m->l3_len = sizeof(rte_ipv4_hdr);
+      m->ol_flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
+      ip->hdr_checksum = 0;
+      udp->dgram_cksum = rte_ipv4_phdr_cksum(ip, m->ol_flags);
+      break;
+    case ChecksumMode::kSoftware:
+      udp->dgram_cksum = rte_ipv4_udptcp_cksum_mbuf(m, ip, kOuterHeaderSize - sizeof(rte_udp_hdr));
+      break;
+  }
   return m;
 }
 
@@ -594,6 +813,7 @@ bool DpdkPort::Emit(const ConnState& conn, const MacAddress& dst_mac, const Segm
   if (f.active()) {
     double r = conn.NextFaultRandom();
     if (r < f.drop) {
+      conn.CountInjectedDrop();
       rte_pktmbuf_free(m);
       return true;
     }

@@ -3,11 +3,21 @@
 // the connections and listeners that use it. Shared by every Transport in the
 // process that names the same port; lives until the process exits.
 //
-// The I/O thread busy-polls rx/tx bursts (backing off to short sleeps when
-// idle, woken by application threads), parses Ethernet/ARP/IPv4/UDP, answers
-// ARP for the port's addresses, dispatches segments to ConnStates by
-// connection id, runs their timers and transmits what they emit. Application
-// threads only touch ConnState buffers (bounded) and the tables below.
+// The datapath (PollOnce: an rx burst of up to 32 frames, parsing
+// Ethernet/ARP/IPv4/UDP, ARP answers, dispatch to ConnStates by connection
+// id, their timers, and tx bursts of what they emit) runs under the poll
+// lock, by whichever thread gets it: an application thread blocked in Read or
+// Write (run to completion, ConnState's poller hook) or, when none has polled
+// for a while, the port's I/O thread, which busy-polls and backs off to short
+// sleeps when idle (woken by application threads).
+//
+// Frames: jumbo where the port allows it (net_memif up to its buffer size,
+// bsize=, even though DPDK 22.11 reports a 1518-byte maximum;
+// other ports up to their max MTU, scatter / multi-segment permitting; the
+// reason is logged when a port refuses the requested MTU). Transmit is zero
+// copy on ports whose driver copies frames with the CPU (memif, af_packet):
+// a frame is a header mbuf followed by mbufs attached (as external buffers)
+// to the connection's send ring, which they pin until the driver frees them.
 //
 // Thread safety: all public methods may be called from any thread.
 #pragma once
@@ -38,6 +48,9 @@ struct PortSettings {
   uint32_t mtu = 9000;         // requested; the port's limit wins
   uint32_t mbufs = 0;          // 0: default
   uint32_t mbuf_bytes = 2048;  // data room per mbuf
+  // The backend arguments (EAL ones included): memif ports read their
+  // buffer size (bsize=) from the --vdev that made them.
+  std::vector<std::string> eal_args;
 };
 
 // Connections waiting for Accept on one UDP port.
@@ -90,6 +103,13 @@ class DpdkPort : private SegmentOutput {
   // Wakes the I/O thread if it sleeps.
   void Wake();
 
+  // One datapath iteration in the calling thread, unless another thread holds
+  // the poll lock (false then). True when any frame was received or sent.
+  bool PollFromApp();
+
+  // How UDP checksums are handled on this port (see dpdk_port.cc).
+  enum class ChecksumMode { kSoftware, kOffload, kLinkGuaranteed };
+
  private:
   struct Delayed {
     rte_mbuf* mbuf;
@@ -107,6 +127,8 @@ class DpdkPort : private SegmentOutput {
 
   DpdkPort() = default;
   void Run();
+  // REQUIRES: poll_mu_ held. Returns whether any frame moved.
+  bool PollOnce();
   void RefreshSnapshot();
   void HandleFrame(rte_mbuf* m, uint64_t now);
   void HandleArp(rte_mbuf* m);
@@ -133,6 +155,8 @@ class DpdkPort : private SegmentOutput {
   uint32_t mtu_ = 1500;
   uint32_t mss_ = 1352;
   bool multi_seg_ = false;
+  bool zero_copy_tx_ = false;
+  ChecksumMode checksum_ = ChecksumMode::kSoftware;
   MacAddress mac_;
   rte_mempool* pool_ = nullptr;
 
@@ -146,7 +170,9 @@ class DpdkPort : private SegmentOutput {
   uint64_t id_state_ = 0;
   std::atomic<uint64_t> table_gen_{1};
 
-  // I/O thread's copies.
+  // Everything below up to running_ is the datapath's: guarded by poll_mu_.
+  std::mutex poll_mu_;
+  std::atomic<uint64_t> last_app_poll_ns_{0};
   uint64_t seen_gen_ = 0;
   std::unordered_map<uint32_t, std::shared_ptr<ConnState>> io_conns_;
   std::vector<std::shared_ptr<ConnState>> io_list_;

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/logging.h"
 #include "transport/dpdk/dpdk_env.h"
 #include "transport/dpdk/dpdk_port.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -133,7 +134,14 @@ class DpdkConnection final : public Connection {
     return s;
   }
 
-  void Close() override { conn_->Abort(); }
+  void Close() override {
+    if (!closed_.exchange(true) && conn_->params().faults.active()) {
+      auto c = conn_->counters();
+      CANOPY_LOG(kInfo, "dpdk: connection to {}: {} frames sent, {} retransmitted, {} dropped by fault injection",
+                 PeerUri(conn_->params()), c.frames_sent, c.retransmits, c.injected_drops);
+    }
+    conn_->Abort();
+  }
 
   std::string peer_uri() const override { return PeerUri(conn_->params()); }
 
@@ -215,6 +223,7 @@ class DpdkConnection final : public Connection {
   const uint32_t max_message_;
   const std::chrono::milliseconds io_timeout_;
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> closed_{false};
   std::mutex send_mu_;
   Status broken_;
   uint64_t bulk_pending_ = 0;
@@ -306,6 +315,7 @@ class DpdkTransport final : public Transport {
     settings.mtu = args_.mtu;
     settings.mbufs = args_.mbufs;
     settings.mbuf_bytes = args_.mbuf_bytes;
+    settings.eal_args = options_.backend_args;
     return env_->Port(Param(e, "port", args_.port), settings);
   }
 

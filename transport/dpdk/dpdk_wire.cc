@@ -7,6 +7,17 @@
 #include "base/coding.h"
 
 namespace canopy::transport::dpdk {
+namespace {
+
+// RFC 1071 ones'-complement sum of n bytes (n even: the header is 56 + 16k).
+uint16_t HeaderCheck(const char* p, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i + 1 < n; i += 2) sum += DecodeFixed16(p + i);
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(~sum & 0xffff);
+}
+
+}  // namespace
 
 void EncodeSegmentHeader(const SegmentHeader& h, char* out) {
   EncodeFixed16(out + 0, kSegmentMagic);
@@ -29,6 +40,7 @@ void EncodeSegmentHeader(const SegmentHeader& h, char* out) {
     EncodeFixed64(p + 8, b.end);
     p += kSackBlockSize;
   }
+  EncodeFixed16(out + 6, HeaderCheck(out, h.encoded_size()));
 }
 
 Result<SegmentHeader> DecodeSegmentHeader(std::string_view bytes, size_t datagram_len) {
@@ -48,7 +60,6 @@ Result<SegmentHeader> DecodeSegmentHeader(std::string_view bytes, size_t datagra
   if ((h.flags & ~(kSegFlagFin | kSegFlagAckNow)) != 0) return Status::Corruption("unknown segment flags");
   size_t sack_count = static_cast<uint8_t>(p[5]);
   if (sack_count > kMaxSackBlocks) return Status::Corruption("too many SACK blocks");
-  if (DecodeFixed16(p + 6) != 0) return Status::Corruption("segment reserved field is not zero");
   h.src_conn = DecodeFixed32(p + 8);
   h.dst_conn = DecodeFixed32(p + 12);
   h.seq = DecodeFixed64(p + 16);
@@ -59,6 +70,7 @@ Result<SegmentHeader> DecodeSegmentHeader(std::string_view bytes, size_t datagra
   h.tsecr = DecodeFixed64(p + 48);
   size_t need = kSegmentHeaderSize + sack_count * kSackBlockSize;
   if (bytes.size() < need) return Status::Corruption("segment shorter than its SACK blocks");
+  if (HeaderCheck(p, need) != 0) return Status::Corruption("segment header check failed");
   if (datagram_len - need < h.payload_len) {
     return Status::Corruption("segment announces more bytes than the frame holds");
   }

@@ -13,7 +13,8 @@
 //    4   1   flags        kSegFlagFin: a FIN follows the payload in sequence space
 //                         kSegFlagAckNow: the receiver must answer with an ACK
 //    5   1   sack_count   number of SACK blocks (<= kMaxSackBlocks)
-//    6   2   reserved     0
+//    6   2   header_check ones'-complement sum (RFC 1071) of the header and its
+//                         SACK blocks, computed with this field 0
 //    8   4   src_conn     sender's connection id
 //   12   4   dst_conn     receiver's connection id (0 in a SYN)
 //   16   8   seq          stream offset of the first payload byte
@@ -25,8 +26,12 @@
 //
 // Sequence numbers are 64-bit byte offsets starting at 0 in each direction;
 // the FIN occupies one offset after the last data byte. Connection ids tell
-// incarnations apart. Integrity comes from the UDP checksum (always set and
-// verified).
+// incarnations apart. Integrity: header_check always covers the header and
+// its SACK blocks end to end (the stream's own check: a damaged sequence
+// number or length would corrupt the stream silently); the payload is covered
+// by the UDP checksum, computed in software, offloaded to the NIC, or left 0
+// on links that cannot damage a frame (memif shared memory; see
+// ChecksumMode in dpdk_port.cc).
 //
 // Thread safety: pure functions and values.
 #pragma once
@@ -41,10 +46,11 @@
 namespace canopy::transport::dpdk {
 
 inline constexpr uint16_t kSegmentMagic = 0x4443;
-inline constexpr uint8_t kSegmentVersion = 1;
+inline constexpr uint8_t kSegmentVersion = 2;
 inline constexpr size_t kSegmentHeaderSize = 56;
 inline constexpr size_t kSackBlockSize = 16;
-inline constexpr size_t kMaxSackBlocks = 32;
+// SACK blocks a pure ACK may carry (further limited by the MSS); sack_count is one byte.
+inline constexpr size_t kMaxSackBlocks = 255;
 // SACK blocks a data segment may carry (room is reserved in the MSS for them).
 inline constexpr size_t kDataSackBlocks = 4;
 // Ethernet (14) + IPv4 (20) + UDP (8).
@@ -79,7 +85,7 @@ struct SegmentHeader {
 void EncodeSegmentHeader(const SegmentHeader& h, char* out);
 
 // Parses a header (and its SACK blocks) from the start of `bytes`; checks the
-// magic, version, kind, reserved bits, the SACK count and that payload_len
+// magic, version, kind, header_check, the SACK count and that payload_len
 // bytes follow. Corruption with the reason otherwise.
 // `bytes` may hold just the start of a datagram of datagram_len bytes (at
 // least the header and its SACK blocks, when present); SIZE_MAX means all of it.
