@@ -55,7 +55,7 @@ BUSYBOX=${CANOPY_VM_BUSYBOX:-/bin/busybox}
 # Modules the guest loads before the 9p root (virtio, 9p) and for Soft-RoCE (rxe needs
 # crc32_generic for its ICRC, rdma_ucm for librdmacm's /dev/infiniband/rdma_cm).
 MODULES=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm)
-INITRAMFS_VERSION=2  # bump when the init script or the module list changes
+INITRAMFS_VERSION=5  # bump when the init script or the module list changes
 
 # ---------------------------------------------------------------- preparation (cached)
 
@@ -126,7 +126,8 @@ module_closure() {
 prepare() {
   local kdir kver image initrd work mods
   command -v "$QEMU" >/dev/null 2>&1 || { echo "$QEMU not found (apt-get install qemu-system-x86)" >&2; return 1; }
-  [[ -x $BUSYBOX ]] && "$BUSYBOX" --list 2>/dev/null | grep -qx depmod ||
+  # (the applet list is read whole: grep -q closing the pipe early would fail it under pipefail)
+  [[ -x $BUSYBOX ]] && grep -qx depmod <<<"$("$BUSYBOX" --list 2>/dev/null)" ||
     { echo "$BUSYBOX not found or without depmod (apt-get install busybox-static)" >&2; return 1; }
   file_is_static "$BUSYBOX" || { echo "$BUSYBOX is not statically linked (apt-get install busybox-static)" >&2; return 1; }
   kdir=$(prepare_kernel) || return 1
@@ -193,6 +194,9 @@ for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm; do modprobe "$m" || fail "mo
 ip link set lo up
 ip link set eth0 up || fail "no eth0"
 ip addr add "$ip4/24" dev eth0 || fail "cannot set $ip4 on eth0"
+# The peer's MAC is known (52:54:00:77:00:0N): a permanent neighbour entry, so that the first
+# rdma_cm address resolution does not wait for ARP (slow under TCG; it timed out).
+[ -n "$(arg peermac)" ] && chroot /newroot /usr/sbin/ip neigh replace "$peer" lladdr "$(arg peermac)" dev eth0 nud permanent || log "cannot add the neighbour entry for $peer"
 chroot /newroot rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 type rxe netdev eth0 failed"
 ulimit -l unlimited
 hostname "canopy-vm-$role"
@@ -249,8 +253,11 @@ on_signal() { trap - EXIT; cleanup; exit 130; }
 start_guest() {
   local role=$1 ip=$2 peer=$3 netdev=$4 console=$5 shell=${6:-0}
   local mac serial append
+  local peermac
   mac=52:54:00:77:00:$([[ $role == a ]] && echo 01 || echo 02)
+  peermac=52:54:00:77:00:$([[ $role == a ]] && echo 02 || echo 01)
   append="console=ttyS0 panic=-1 quiet loglevel=4 canopy.role=$role canopy.ip=$ip canopy.peer=$peer"
+  append+=" canopy.peermac=$peermac"
   append+=" canopy.out=$OUT canopy.cwd=$CWD canopy.shell=$shell"
   if [[ $console == stdio ]]; then serial=(-serial mon:stdio); else serial=(-serial "file:$OUT/$role/console.log"); fi
   local accel=(-accel "$ACCEL")

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -116,13 +117,20 @@ class TestCluster {
     return i;
   }
 
+  // Where nodes listen on their first start: $CANOPY_TEST_CLUSTER_LISTEN if set (e.g.
+  // rdma://10.77.0.1:0 inside a Soft-RoCE guest, see hw/rdma-vm.sh), else tcp://127.0.0.1:0.
+  static std::string FirstListenUri() {
+    const char* env = std::getenv("CANOPY_TEST_CLUSTER_LISTEN");
+    return env != nullptr && *env != '\0' ? env : "tcp://127.0.0.1:0";
+  }
+
   // Starts (or restarts) node i and waits until it serves.
   bool Start(size_t i) {
     NodeProcess& n = nodes_.at(i);
     std::string uri_file = n.dir + ".uri";
     (void)RemoveFile(uri_file);
     std::vector<std::string> args = {BinaryPath("tools/canopy/canopy"), "node",
-                                     "--listen", n.uri.empty() ? "tcp://127.0.0.1:0" : n.uri,
+                                     "--listen", n.uri.empty() ? FirstListenUri() : n.uri,
                                      "--data", n.dir, "--cluster", kClusterName, "--secret-file", n.secret_file,
                                      "--node-id", n.node_id, "--uri-file", uri_file, "--heartbeat-ms", "50",
                                      "--failure-ms", "800"};
