@@ -222,9 +222,11 @@ leader=$(sed -n 's/^created vm on leader \([^ ]*\) .*/\1/p' <<<"$created")
 [[ -n $leader ]] || fail "no leader in: $created"
 commit() { "$canopy" commit --node "$leader" "${cluster[@]}" --tree vm --cl "$1" --put "/:$2=$3"; }
 acked=()
-for i in $(seq 1 20); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
-((${#acked[@]} == 20)) || fail "only ${#acked[@]} of 20 QUORUM commits acknowledged"
-"$canopy" bench --node "$leader" "${cluster[@]}" --tree vm --count 50 --cl QUORUM
+# Few CLI processes: each costs seconds under TCG (start, connection set-up); the bulk of the
+# commits goes through one `canopy bench`.
+for i in $(seq 1 5); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
+((${#acked[@]} == 5)) || fail "only ${#acked[@]} of 5 QUORUM commits acknowledged"
+"$canopy" bench --node "$leader" "${cluster[@]}" --tree vm --count 30 --cl QUORUM
 # The replica to kill: node 3 on guest B, unless it leads the tree (then node 2, here).
 if [[ $leader == "$(cat "$a_dir/node3.uri.first")" ]]; then victim=2; else victim=3; fi
 step "SIGKILL replica node $victim, commit on without it"
@@ -235,8 +237,8 @@ else
   kill -9 "${pids[1]}"
   wait "${pids[1]}" 2>/dev/null || true
 fi
-for i in $(seq 21 40); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
-((${#acked[@]} == 40)) || fail "QUORUM commits failed with one replica down (${#acked[@]} of 40 acknowledged)"
+for i in $(seq 6 10); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
+((${#acked[@]} == 10)) || fail "QUORUM commits failed with one replica down (${#acked[@]} of 10 acknowledged)"
 if ((victim == 3)); then
   echo restart >"$a_dir/restart-node3"
 else
