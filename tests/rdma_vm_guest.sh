@@ -286,7 +286,10 @@ elapsed=$(echo "$t1 - $t0" | bc)
 echo "copy failed after $elapsed s: $(tail -1 "$work/vanish.log")"
 grep -Eiq 'unavailable|timeout|timed out|no progress|connection' "$work/vanish.log" ||
   { cat "$work/vanish.log"; fail "the copy failed, but not because the peer vanished"; }
-# The copy ran about a second before B vanished; it must fail within the timeout after that
-# (plus slack for TCG).
-echo "$elapsed < $timeout_s + 12" | bc | grep -q 1 || fail "the vanished peer was noticed only after $elapsed s"
+# Elapsed counts from the copy's start: its connection set-up and first chunks take ~10 s under
+# TCG before B powers off (B waits for the .tmp file, then 2 s). It must fail within the timeout
+# after that. Seen: "Timeout: ... the peer returned no credits" after 22 s: a sender blocked on
+# credits posts nothing, so the QP's retry counter never fires and the vanished peer surfaces as
+# Timeout at io_timeout, not as Unavailable (hw/RDMA.md, Status).
+echo "$elapsed < $timeout_s + 20" | bc | grep -q 1 || fail "the vanished peer was noticed only after $elapsed s"
 step "done"
