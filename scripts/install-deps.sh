@@ -14,6 +14,9 @@ PACKAGES=(
   # RDMA (rdma-core) and DPDK backends
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils
   perftest  # ib_write_bw / ib_send_bw, the peers of bench/scenarios/rdma_perftest.sh
+  # QEMU guests with Soft-RoCE for the rdma_vm tests (hw/rdma-vm.sh; the guest kernel is
+  # fetched with apt-get download into a cache, never installed)
+  qemu-system-x86 busybox-static
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc
@@ -35,8 +38,16 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+# The guest kernel for hw/rdma-vm.sh (downloaded and unpacked once into its cache, not
+# installed). Not fatal: without it the rdma_vm tests skip and say why.
+prepare_rdma_vm() {
+  bash "$(dirname "$0")/../hw/rdma-vm.sh" prepare >/dev/null ||
+    echo "install-deps: hw/rdma-vm.sh prepare failed; the rdma_vm tests will skip" >&2
+}
+
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
+  prepare_rdma_vm
   exit 0
 fi
 
@@ -50,3 +61,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
+prepare_rdma_vm

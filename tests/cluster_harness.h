@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -94,7 +95,7 @@ class TestCluster {
     }
   }
 
-  // Where nodes listen on their first start (default tcp://127.0.0.1:0),
+  // Where nodes listen on their first start (default FirstListenUri()),
   // e.g. a tls+tcp:// URI with cert=, key=, ca= parameters. Call before Start.
   void SetListenUri(std::string uri) { listen_uri_ = std::move(uri); }
 
@@ -118,6 +119,13 @@ class TestCluster {
     }
     nodes_.push_back(std::move(n));
     return i;
+  }
+
+  // Where nodes listen on their first start: $CANOPY_TEST_CLUSTER_LISTEN if set (e.g.
+  // rdma://10.77.0.1:0 inside a Soft-RoCE guest, see hw/rdma-vm.sh), else tcp://127.0.0.1:0.
+  static std::string FirstListenUri() {
+    const char* env = std::getenv("CANOPY_TEST_CLUSTER_LISTEN");
+    return env != nullptr && *env != '\0' ? env : "tcp://127.0.0.1:0";
   }
 
   // Starts (or restarts) node i and waits until it serves.
@@ -251,7 +259,7 @@ class TestCluster {
 
  private:
   TempDir tmp_;
-  std::string listen_uri_ = "tcp://127.0.0.1:0";
+  std::string listen_uri_ = FirstListenUri();  // SetListenUri overrides
   std::string secret_file_;
   std::vector<NodeProcess> nodes_;
   std::vector<std::string> raft_addresses_;

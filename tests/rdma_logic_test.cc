@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/coding.h"
+#include "base/crc32c.h"
 #include "tests/testing/test_util.h"
 #include "transport/frame.h"
 #include "transport/rdma/connection_state.h"
@@ -319,6 +320,61 @@ TEST(RdmaStream, ReassemblesFramesLargerThanOneSlotInOrder) {
   for (size_t i = 0; i < released.size(); ++i) EXPECT_EQ(released[i], i);
   EXPECT_TRUE(stream.empty());
   EXPECT_TRUE(assembler.at_boundary());
+}
+
+// The reassembly buffer follows the bytes that arrived, as the TCP backend's
+// receive buffer does: a header announcing a huge payload reserves nothing
+// for it beyond 64 KiB, and a frame whose bytes are all queued is sized to
+// them at once (not doubled up from 64 KiB, re-copying at every step).
+TEST(RdmaStream, PayloadBufferGrowsWithArrivedBytesNotTheAnnouncedLength) {
+  std::vector<uint32_t> released;
+  {
+    // 200 MiB announced, 1 KiB sent, then nothing: a stalled peer.
+    // The header of a 200 MiB frame, with a valid header CRC (the payload
+    // CRC cannot matter: the frame never completes).
+    char header[kFrameHeaderSize];
+    EncodeFrameHeader(header, 3, std::string_view(), 0);
+    EncodeFixed32(header + 8, 200u << 20);
+    EncodeFixed32(header + 28, crc32c::Value(header, 28));
+    const std::string first = std::string(header, sizeof header) + std::string(1024, 'a');
+    InboundStream stream;
+    stream.Push(InboundItem{ItemKind::kData, 0, first, {}, 0});
+    FrameAssembler assembler(256u << 20);
+    auto step = assembler.Step(stream, &released);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_FALSE(step->has_value());
+    EXPECT_LE(assembler.reserved_payload_bytes(), size_t{64} << 10);
+    EXPECT_FALSE(assembler.at_boundary());
+  }
+  {
+    // A 2 MiB frame of which 1.5 MiB (in 8 KiB slots) is already queued: the
+    // buffer covers exactly what is here; the rest arrives and completes it.
+    const std::string payload = RandomBytes(size_t{2} << 20, 9);
+    std::vector<std::string> headers;
+    const std::vector<std::string> items = Fragment({{4, payload}}, 8192, &headers);
+    const size_t queued_items = (size_t{3} << 20) / 2 / 8192;  // 1.5 MiB of slots
+    InboundStream stream;
+    size_t queued_payload = 0;
+    for (size_t i = 0; i < queued_items; ++i) {
+      stream.Push(InboundItem{ItemKind::kData, static_cast<uint32_t>(i), items[i], {}, 0});
+      queued_payload += items[i].size();
+    }
+    queued_payload -= kFrameHeaderSize;
+    EXPECT_EQ(stream.QueuedDataBytes(), queued_payload + kFrameHeaderSize);
+    FrameAssembler assembler(4u << 20);
+    auto step = assembler.Step(stream, &released);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_FALSE(step->has_value());
+    EXPECT_EQ(assembler.reserved_payload_bytes(), queued_payload);
+    for (size_t i = queued_items; i < items.size(); ++i) {
+      stream.Push(InboundItem{ItemKind::kData, static_cast<uint32_t>(i), items[i], {}, 0});
+    }
+    step = assembler.Step(stream, &released);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    ASSERT_TRUE(step->has_value());
+    EXPECT_EQ((*step)->payload, payload);
+    EXPECT_TRUE(stream.empty());
+  }
 }
 
 TEST(RdmaStream, ShutdownAtBoundaryIsClosedAndSticky) {

@@ -122,6 +122,16 @@ INSTANTIATE_TEST_SUITE_P(Rdma, TransportConformanceTest,
                                                         "eager_bulk=4096"})),
                          ::canopy::transport::testing::ConformanceBackendName);
 
+// The fault-injection wrapper over rdma:// with no faults must be invisible too.
+ConformanceBackend FaultRdmaBackend() {
+  ConformanceBackend backend = RdmaBackend("fault_rdma_no_faults", {});
+  backend.listen_uri = "fault+" + backend.listen_uri;
+  return backend;
+}
+
+INSTANTIATE_TEST_SUITE_P(FaultRdma, TransportConformanceTest, ::testing::Values(FaultRdmaBackend()),
+                         ::canopy::transport::testing::ConformanceBackendName);
+
 // --- no device: clear NotSupported everywhere -------------------------------
 
 bool HasDevice() { return !RdmaDeviceNames().empty(); }

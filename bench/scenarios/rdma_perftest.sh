@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # bench/scenarios/rdma_perftest.sh — RDMA, on a host with an InfiniBand / RoCE
-# device (or Soft-RoCE: hw/RDMA.md): the bench tool over rdma:// versus
-# perftest's ib_send_bw (same message size, same seconds; bench's message
-# path is two-sided SEND like ib_send_bw) and bench --bulk (RDMA READ above
-# the eager limit) versus ib_write_bw, alternating per rep; and rcopy over
-# rdma:// versus rcopy over tcp:// on the device's IP address, tmpfs -> tmpfs.
-# Decimal Gbit/s. Skips (exit 77) when no RDMA device exists — always on a
-# machine without one. Env: RDMA_BENCH_DEVICE, RDMA_BENCH_ADDR (defaults: the
-# first device and its netdev's IPv4 address). Contract: bench/lib.sh.
+# device (or Soft-RoCE: hw/RDMA.md), else in two QEMU guests with Soft-RoCE:
+# the bench tool over rdma:// versus perftest's ib_send_bw (same message size,
+# same seconds; bench's message path is two-sided SEND like ib_send_bw), bench
+# --bulk (RDMA READ above the eager limit) versus ib_write_bw, 64-byte
+# ping-pong latency versus ib_send_lat, alternating per rep; and rcopy over
+# rdma:// versus ib_write_bw and versus rcopy over tcp:// on the same
+# addresses, tmpfs -> tmpfs. Decimal Gbit/s, microseconds. Env:
+# RDMA_BENCH_DEVICE, RDMA_BENCH_ADDR (defaults: the first device and its
+# netdev's IPv4 address), RDMA_BENCH_VM (never|always). Contract: bench/lib.sh.
+# Without a device on this host the scenario runs itself inside a pair of QEMU guests with
+# Soft-RoCE (hw/rdma-vm.sh): guest B serves (an agent starts the bench, rcopy and perftest
+# servers that guest A asks for), guest A runs every client against B's address. Under TCG the
+# absolute figures are emulation speed; the ratios against perftest on the same emulated link
+# are the result. Opt-in (RDMA_BENCH_VM=always): the guest run has not been seen through yet.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
@@ -15,13 +21,64 @@ bench=$BENCH_BUILD/tools/bench/bench
 rcopy=$BENCH_BUILD/tools/rcopy/rcopy
 for b in "$bench" "$rcopy"; do [[ -x $b ]] || { bench_log "$b not built"; exit 1; }; done
 bench_need_peer ibv_devices ibverbs-utils || bench_skip "ibv_devices missing (apt-get install ibverbs-utils)"
-devices=$(ibv_devices 2> /dev/null | awk 'NR > 2 { print $1 }' || true)
-[[ -n $devices ]] || bench_skip "no RDMA device (ibv_devices lists none); Soft-RoCE: rdma link add rxe0 type rxe netdev IFACE (hw/RDMA.md)"
 bench_need_peer ib_write_bw perftest || bench_skip "perftest missing (apt-get install perftest)"
+devices=$(ibv_devices 2> /dev/null | awk 'NR > 2 { print $1 }' || true)
+role=${CANOPY_VM_ROLE:-}
+# Guest A tells B's agent when it is done, however it exits.
+[[ $role == a ]] && trap 'echo finished > "$CANOPY_VM_DIR/finished"' EXIT
+
+# --- guest B: serve what guest A asks for, until A has finished.
+if [[ $role == b ]]; then
+  a_dir=$CANOPY_VM_OUT/a
+  n=0
+  children=()
+  while [[ ! -e $a_dir/finished ]]; do
+    if [[ -f $a_dir/req.$n ]]; then
+      bash -c "$(cat "$a_dir/req.$n")" > "$CANOPY_VM_DIR/srv.$n.log" 2>&1 &
+      children+=($!)
+      echo $! > "$CANOPY_VM_DIR/ack.$n"
+      n=$((n + 1))
+    else
+      sleep 0.05
+    fi
+  done
+  bench_kill "${children[@]}"
+  exit 0
+fi
+
+# --- the host without a device: run the scenario in a guest pair.
+if [[ -z $role && -z $devices ]]; then
+  vm_mode=${RDMA_BENCH_VM:-never}
+  why="no RDMA device (ibv_devices lists none); Soft-RoCE: rdma link add rxe0 type rxe netdev IFACE (hw/RDMA.md)"
+  # Opt-in until a run in the guests has been seen through (hw/RDMA.md, "Status").
+  [[ $vm_mode == always ]] || bench_skip "$why; RDMA_BENCH_VM=always runs this in a Soft-RoCE guest pair"
+  vm_out=$BENCH_WORK/rdma_perftest.vm
+  mkdir -p "$vm_out"
+  envs=()
+  for v in BENCH_MODE BENCH_REPS BENCH_BUILD BENCH_REPO; do envs+=(--env "$v=${!v:-}"); done
+  envs+=(--env "BENCH_WORK=/tmp/bench-work" --env "BENCH_OUT=$vm_out/a/fragment.json")
+  rc=0
+  bash "$BENCH_REPO/hw/rdma-vm.sh" pair --quiet --out "$vm_out" --timeout "$(bench_pick 300 900 2400)" "${envs[@]}" \
+    --a "mkdir -p /tmp/bench-work && bash $0" --b "bash $0" > "$vm_out/host.log" 2>&1 || rc=$?
+  if ((rc == 77)); then bench_skip "$why; and no guests: $(tail -1 "$vm_out/host.log")"; fi
+  if ((rc != 0)) || [[ ! -s $vm_out/a/fragment.json ]]; then
+    bench_log "the guest run failed (exit $rc):"
+    tail -20 "$vm_out/a/stderr" "$vm_out/b/stderr" "$vm_out/host.log" >&2 2> /dev/null || true
+    exit 1
+  fi
+  cat "$vm_out/a/stderr" >&2 2> /dev/null || true
+  cp "$vm_out/a/fragment.json" "$BENCH_OUT"
+  bench_log "wrote $BENCH_OUT (from the guests)"
+  exit 0
+fi
+
+[[ -n $devices ]] || bench_skip "no RDMA device (ibv_devices lists none); Soft-RoCE: rdma link add rxe0 type rxe netdev IFACE (hw/RDMA.md)"
 device=${RDMA_BENCH_DEVICE:-$(head -n 1 <<<"$devices")}
 grep -qx "$device" <<<"$devices" || { bench_log "device $device not found; devices: $devices"; exit 1; }
 addr=${RDMA_BENCH_ADDR:-}
-if [[ -z $addr ]]; then
+if [[ $role == a ]]; then
+  addr=$CANOPY_VM_PEER  # the servers run on guest B
+elif [[ -z $addr ]]; then
   for n in /sys/class/infiniband/"$device"/ports/1/gid_attrs/ndevs/0 /sys/class/infiniband/"$device"/device/net/*; do
     [[ -e $n ]] || continue
     if [[ -f $n ]]; then ifname=$(cat "$n"); else ifname=$(basename "$n"); fi
@@ -31,13 +88,27 @@ if [[ -z $addr ]]; then
 fi
 [[ -n $addr ]] || bench_skip "no IPv4 address on $device's netdev (set RDMA_BENCH_ADDR)"
 reps=${BENCH_REPS:-3}
-read -r -a sizes <<<"$(bench_pick "65536" "65536 1048576" "65536 1048576 4194304")"
-secs=$(bench_pick 1 2 5)
-file_mb=$(bench_pick 64 512 2048)
+if [[ $role == a ]]; then
+  # TCG moves ~0.1-0.5 Gbit/s: smaller files, same structure.
+  read -r -a sizes <<<"$(bench_pick "65536" "65536 1048576" "65536 1048576 4194304")"
+  secs=$(bench_pick 1 2 4)
+  file_mb=$(bench_pick 8 32 128)
+  lat_iters=$(bench_pick 200 1000 5000)
+else
+  read -r -a sizes <<<"$(bench_pick "65536" "65536 1048576" "65536 1048576 4194304")"
+  secs=$(bench_pick 1 2 5)
+  file_mb=$(bench_pick 64 512 2048)
+  lat_iters=$(bench_pick 1000 10000 100000)
+fi
 
 work=$BENCH_WORK/rdma_perftest
 pids=()
-cleanup() { bench_kill "${pids[@]}"; rm -rf "$work"; }
+cleanup() {
+  bench_kill "${pids[@]}"
+  rm -rf "$work"
+  [[ $role == a ]] && echo finished > "$CANOPY_VM_DIR/finished"
+  return 0
+}
 trap cleanup EXIT
 trap "exit 130" INT
 trap "exit 143" TERM
@@ -46,24 +117,56 @@ runs=$work/runs.jsonl
 : > "$runs"
 perf_port=$((18515 + RANDOM % 1000))
 
-# perftest TOOL SIZE -> its average Gbit/s (server started and reaped here).
+# Servers run here, or on guest B (its agent runs each request; files it must write go to
+# $share, which both guests see).
+if [[ $role == a ]]; then
+  share=$CANOPY_VM_OUT/b
+  dst=/tmp/rdma_perftest-dst
+  req=0
+  # serve COMMAND: start COMMAND on guest B, return once it runs there.
+  serve() {
+    printf '%s\n' "$*" > "$CANOPY_VM_DIR/req.tmp"
+    mv "$CANOPY_VM_DIR/req.tmp" "$CANOPY_VM_DIR/req.$req"
+    bench_wait_file "$share/ack.$req" 30 || { bench_log "guest B did not start: $*"; return 1; }
+    req=$((req + 1))
+  }
+  serve "mkdir -p $dst"
+else
+  share=$work
+  dst=$work/dst
+  serve() {
+    bash -c "$*" &
+    pids+=($!)
+  }
+fi
+
+# perftest TOOL SIZE -> its average Gbit/s (server started first).
 perftest() {
-  local tool=$1 size=$2 srv out
+  local tool=$1 size=$2 out
   perf_port=$((perf_port + 1))
-  "$tool" -d "$device" -s "$size" -D "$secs" -F --report_gbits -p "$perf_port" > "$work/perf.srv" 2>&1 &
-  srv=$!
+  serve "$tool -d $device -s $size -D $secs -F --report_gbits -p $perf_port > $share/perf.$perf_port.srv 2>&1"
   sleep 1  # perftest's server prints nothing machine-readable when ready
   out=$("$tool" -d "$device" -s "$size" -D "$secs" -F --report_gbits -p "$perf_port" "$addr" 2>&1) ||
-    { bench_log "$tool -s $size failed: $out"; bench_kill "$srv"; return 1; }
-  wait "$srv" 2> /dev/null || true
+    { bench_log "$tool -s $size failed: $out"; return 1; }
   jq -cn --arg t "$tool" --argjson s "$size" --arg out "$out" '{label: $t, size: $s, output: $out}' >> "$runs"
   awk -v s="$size" '$1 == s { print $4; exit }' <<<"$out"
 }
+# send_lat -> ib_send_lat's typical one-way latency (us) for 64-byte messages.
+send_lat() {
+  local out
+  perf_port=$((perf_port + 1))
+  serve "ib_send_lat -d $device -s 64 -n $lat_iters -F -p $perf_port > $share/perf.$perf_port.srv 2>&1"
+  sleep 1
+  out=$(ib_send_lat -d "$device" -s 64 -n "$lat_iters" -F -p "$perf_port" "$addr" 2>&1) ||
+    { bench_log "ib_send_lat failed: $out"; return 1; }
+  jq -cn --arg out "$out" '{label: "ib_send_lat", size: 64, output: $out}' >> "$runs"
+  awk '$1 == 64 { print $5; exit }' <<<"$out"
+}
 
-"$bench" --server -q --transport rdma --bind "$addr" -p 0 --port-file "$work/bench.port" 2> "$work/bench.err" &
-pids+=($!)
-bench_wait_file "$work/bench.port" 20 || { bench_log "bench server over rdma:// did not start: $(cat "$work/bench.err")"; exit 1; }
-bport=$(cat "$work/bench.port")
+rm -f "$share/bench.port"
+serve "$bench --server -q --transport rdma --bind $addr -p 0 --port-file $share/bench.port 2> $share/bench.err"
+bench_wait_file "$share/bench.port" 30 || { bench_log "bench server over rdma:// did not start: $(cat "$share/bench.err")"; exit 1; }
+bport=$(cat "$share/bench.port")
 # bench_bw SIZE [--bulk] -> bw_avg_gbps over rdma://.
 bench_bw() {
   local size=$1 out; shift
@@ -71,6 +174,15 @@ bench_bw() {
     { bench_log "bench rdma:// -s $size $* failed: $out"; return 1; }
   jq -c --argjson s "$size" --arg f "$*" '{label: ("bench rdma:// " + $f), size: $s, result: .results[0]}' <<<"$out" >> "$runs"
   jq -r '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out"
+}
+# bench_lat -> half of bench's 64-byte ping-pong round trip p50 (us), comparable with
+# ib_send_lat's one-way t_typical.
+bench_lat() {
+  local out
+  out=$("$bench" --json --transport rdma -p "$bport" -s 64 -n "$lat_iters" --test lat "$addr") ||
+    { bench_log "bench rdma:// --test lat failed: $out"; return 1; }
+  jq -c '{label: "bench rdma:// --test lat", size: 64, result: .results[0]}' <<<"$out" >> "$runs"
+  jq -r '.results[0].lat_p50_us / 2 * 1000 | round / 1000' <<<"$out"
 }
 
 comparisons=()
@@ -87,43 +199,59 @@ for size in "${sizes[@]}"; do
     "bench rdma:// --bulk" "$(bench_samples "${bb[@]}")" ib_write_bw "$(bench_samples "${wb[@]}")" 0.9 "bench --bulk at least 0.9x ib_write_bw")")
 done
 
-# rcopy, rdma:// vs tcp:// on the same address.
+bl=() sl=()
+for ((rep = 1; rep <= reps; rep++)); do
+  bl+=("$(bench_lat)"); sl+=("$(send_lat)")
+  bench_log "64 B latency rep $rep/$reps, one-way us: bench (RTT p50 / 2) ${bl[-1]} / ib_send_lat t_typical ${sl[-1]}"
+done
+comparisons+=("$(bench_comparison "64-byte ping-pong, one-way latency: bench rdma:// (round-trip p50 / 2) vs ib_send_lat (t_typical)" us false \
+  "bench rdma://" "$(bench_samples "${bl[@]}")" ib_send_lat "$(bench_samples "${sl[@]}")" 0.6667 "bench p50 within 1.5x of ib_send_lat")")
+
+# rcopy, rdma:// vs ib_write_bw moving 1 MiB messages, and vs tcp:// on the same address.
 src=$work/src.bin
 file_mb=$(bench_fit_mib "$file_mb" 3) || bench_skip "no room under $BENCH_WORK for the rcopy file"
 bench_random_file "$src" "$file_mb"
 declare -A rport
 for scheme in rdma tcp; do
-  "$rcopy" --server -q --root "$work/dst" --transport "$scheme" --bind "$addr" -p 0 --port-file "$work/rcopy.$scheme.port" \
-    2> "$work/rcopy.$scheme.err" &
-  pids+=($!)
-  bench_wait_file "$work/rcopy.$scheme.port" 20 || { bench_log "rcopy server ($scheme) did not start: $(cat "$work/rcopy.$scheme.err")"; exit 1; }
-  rport[$scheme]=$(cat "$work/rcopy.$scheme.port")
+  rm -f "$share/rcopy.$scheme.port"
+  serve "$rcopy --server -q --root $dst --transport $scheme --bind $addr -p 0 --port-file $share/rcopy.$scheme.port 2> $share/rcopy.$scheme.err"
+  bench_wait_file "$share/rcopy.$scheme.port" 30 || { bench_log "rcopy server ($scheme) did not start: $(cat "$share/rcopy.$scheme.err")"; exit 1; }
+  rport[$scheme]=$(cat "$share/rcopy.$scheme.port")
 done
 rcopy_once() {
   local scheme=$1 out
   out=$("$rcopy" --json --transport "$scheme" -p "${rport[$scheme]}" "$src" "$addr:copy") ||
     { bench_log "rcopy over $scheme:// failed: $out"; return 1; }
-  rm -f "$work/dst/copy"
+  [[ $role == a ]] || rm -f "$dst/copy"
   jq -c --arg l "rcopy $scheme://" '{label: $l, rcopy: .}' <<<"$out" >> "$runs"
   jq -r '.gbit_per_s * 10000 | round / 10000' <<<"$out"
 }
-rr=() rt=()
+rr=() rt=() rw=()
 for ((rep = 1; rep <= reps; rep++)); do
-  rr+=("$(rcopy_once rdma)"); rt+=("$(rcopy_once tcp)")
-  bench_log "rcopy rep $rep/$reps: rdma ${rr[-1]}, tcp ${rt[-1]} Gbit/s"
+  rr+=("$(rcopy_once rdma)"); rw+=("$(perftest ib_write_bw 1048576)"); rt+=("$(rcopy_once tcp)")
+  bench_log "rcopy rep $rep/$reps: rdma ${rr[-1]}, ib_write_bw ${rw[-1]}, tcp ${rt[-1]} Gbit/s"
 done
+comparisons+=("$(bench_comparison "rcopy rdma:// ($file_mb MiB, tmpfs -> tmpfs) vs ib_write_bw (1 MiB messages)" Gbit/s true \
+  "rcopy rdma://" "$(bench_samples "${rr[@]}")" ib_write_bw "$(bench_samples "${rw[@]}")" 0.8 "rcopy at least 0.8x ib_write_bw")")
 comparisons+=("$(bench_comparison "rcopy rdma:// vs rcopy tcp:// ($file_mb MiB, tmpfs -> tmpfs)" Gbit/s true \
   "rcopy rdma://" "$(bench_samples "${rr[@]}")" "rcopy tcp://" "$(bench_samples "${rt[@]}")")")
 
+if [[ $role == a ]]; then
+  path="Soft-RoCE (rxe0) between two QEMU guests under TCG (-accel tcg -cpu max, emulated, 2 vCPUs each), one QEMU socket link $CANOPY_VM_SELF -> $addr: absolute figures are emulation speed, the ratios against perftest on the same link are the result; rdma:// vs tcp:// here says nothing about hardware"
+else
+  path="RDMA device $device at $addr (both ends on this host: through the device, loopback in the HCA / rxe)"
+fi
 printf '%s\n' "${comparisons[@]}" | jq -s . > "$work/comparisons.json"
 jq -n --slurpfile c "$work/comparisons.json" --slurpfile runs "$runs" --arg dev "$device" --arg addr "$addr" \
-  --argjson secs "$secs" --argjson reps "$reps" --argjson file_mb "$file_mb" \
+  --arg path "$path" --argjson secs "$secs" --argjson reps "$reps" --argjson file_mb "$file_mb" \
+  --argjson lat_iters "$lat_iters" --arg guests "${role:+two QEMU guests (hw/rdma-vm.sh)}" \
   --arg perftest "$(dpkg-query -W -f '${Version}' perftest 2> /dev/null || echo unknown)" '
   {scenario: "rdma_perftest",
-   title: "RDMA: bench over rdma:// vs perftest, rcopy over rdma:// vs tcp://",
-   path: ("RDMA device " + $dev + " at " + $addr + " (both ends on this host: through the device, loopback in the HCA / rxe)"),
+   title: "RDMA: bench over rdma:// vs perftest, rcopy over rdma:// vs ib_write_bw and tcp://",
+   path: $path,
    params: {device: $dev, address: $addr, seconds_per_sample: $secs, reps: $reps, rcopy_file_mib: $file_mb,
-            metric: "decimal Gbit/s: bench bw_avg_gbps, perftest BW average (--report_gbits), rcopy gbit_per_s"},
+            latency_iterations: $lat_iters, hosts: (if $guests == "" then "this host" else $guests end),
+            metric: "decimal Gbit/s: bench bw_avg_gbps, perftest BW average (--report_gbits), rcopy gbit_per_s; latency: one-way us"},
    comparisons: $c[0],
    details: {perftest_version: $perftest, runs: $runs}}' > "$BENCH_OUT"
 bench_log "wrote $BENCH_OUT"

@@ -36,6 +36,15 @@ void InboundStream::AdvanceData(size_t n, std::vector<uint32_t>* released) {
   if (item.consumed >= item.data.size()) Pop(released);
 }
 
+size_t InboundStream::QueuedDataBytes() const {
+  size_t bytes = 0;
+  for (const InboundItem& item : items_) {
+    if (item.kind != ItemKind::kData) break;
+    bytes += item.data.size() - item.consumed;
+  }
+  return bytes;
+}
+
 size_t InboundStream::ReadData(char* dst, size_t n, std::vector<uint32_t>* released) {
   size_t copied = 0;
   while (copied < n) {
@@ -97,11 +106,18 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       return Status::Corruption(fmt::format("rdma: {} item in the middle of a {}-byte payload",
                                             ItemKindName(item->kind), frame_.payload_len));
     }
-    // Grow at most doubling (from 64 KiB) instead of allocating the announced
-    // length up front: a header alone must not make us allocate up to
-    // max_message_bytes (the same rule as the TCP backend).
-    size_t target = std::min<size_t>(frame_.payload_len, std::max<size_t>(payload_have_ * 2, size_t{64} << 10));
-    if (payload_.size() < target) payload_.resize(target);
+    // The buffer grows with the bytes that arrive, never to the announced
+    // length up front: a header alone must not make us allocate (and zero) up
+    // to max_message_bytes (the same rule as the TCP backend). It at least
+    // doubles (from 64 KiB) and jumps to cover every byte already queued, so
+    // a frame that has arrived whole is allocated once and never re-copied.
+    if (payload_.size() == payload_have_) {
+      const size_t arrived = payload_have_ + stream.QueuedDataBytes();
+      const size_t target = std::min<size_t>(
+          frame_.payload_len, std::max<size_t>({payload_have_ * 2, size_t{64} << 10, arrived}));
+      payload_.resize(target);
+    }
+    const size_t target = payload_.size();
     payload_have_ += stream.ReadData(payload_.data() + payload_have_, target - payload_have_, released);
   }
   CANOPY_RETURN_IF_ERROR(VerifyFramePayload(frame_, payload_));

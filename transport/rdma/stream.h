@@ -74,6 +74,9 @@ class InboundStream {
   // Consumes n bytes of the front kData item (n <= its remaining bytes);
   // pops it and reports its slot when done.
   void AdvanceData(size_t n, std::vector<uint32_t>* released);
+  // Unconsumed bytes of the consecutive kData items at the front (up to the
+  // first non-data item): what ReadData could copy now.
+  size_t QueuedDataBytes() const;
   // Copies up to n bytes from consecutive kData items; stops at a non-data
   // item or when the queue runs dry. Returns bytes copied.
   size_t ReadData(char* dst, size_t n, std::vector<uint32_t>* released);
@@ -105,6 +108,10 @@ class FrameAssembler {
 
   // True between frames.
   bool at_boundary() const { return header_have_ == 0; }
+  // Bytes held for the payload of the frame in progress. It grows with the
+  // bytes that have arrived (at least doubling from 64 KiB, and at once to
+  // cover every byte already queued), never to the announced length alone.
+  size_t reserved_payload_bytes() const { return payload_.size(); }
 
  private:
   uint32_t max_payload_;

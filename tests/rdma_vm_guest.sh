@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# What the rdma_vm tests run inside the Soft-RoCE guests of hw/rdma-vm.sh
+# (driven by tests/rdma_vm_test.sh; every wait is bounded).
+#
+# usage (in a guest): rdma_vm_guest.sh single BUILD_DIR
+#                     rdma_vm_guest.sh pair-a BUILD_DIR     (guest A: clients, cluster nodes 1 and 2)
+#                     rdma_vm_guest.sh pair-b BUILD_DIR     (guest B: rcopy server, cluster node 3;
+#                                                            powers itself off at the end)
+# single: the rdma:// conformance suite (both modes), fault+rdma:// over it, the rcopy round trip,
+#         and the cluster tests (QUORUM commits, a killed replica caught up by delta and by
+#         snapshot, a killed leader with failover) with every node listening on rdma://.
+# pair:   rcopy between the guests over rdma:// byte-exact (empty, 1 byte, a few MiB, -P 2,
+#         --verify, --resume after the server is stopped half way), a 3-node cluster split over the
+#         guests on rdma:// (QUORUM commits, the replica on B SIGKILLed, commits on without it,
+#         restarted and caught up, digests equal), and last guest B powers off while A copies
+#         to it: A must see the copy fail within its --timeout.
+# Guests share $CANOPY_VM_OUT (9p): a and b write only their own subdirectory, and signal each
+# other with files there.
+set -euo pipefail
+
+mode=$1
+build=$2
+rcopy=$build/tools/rcopy/rcopy
+canopy=$build/tools/canopy/canopy
+out=${CANOPY_VM_OUT:?not in a hw/rdma-vm.sh guest}
+a_dir=$out/a
+b_dir=$out/b
+self=${CANOPY_VM_SELF:?}
+peer=${CANOPY_VM_PEER:-}
+work=/tmp/rdma-vm-work-$mode
+mkdir -p "$work"
+start=$(date +%s)
+step() { echo "=== [$(($(date +%s) - start)) s] $*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+case $mode in pair-a) mine=$a_dir other=$b_dir ;; *) mine=$b_dir other=$a_dir ;; esac
+# wait_for PATH SECONDS: a file appears (non-empty); gives up early when the other guest's
+# script has ended (it leaves "finished"), so that one failure does not stall both guests.
+wait_for() {
+  wait_until "[[ -s $1 ]]" "$2" "$1"
+}
+# wait_until CONDITION SECONDS WHAT: the bash CONDITION holds (wall clock bound; TCG is slow).
+wait_until() {
+  local deadline=$((SECONDS + $2))
+  while ((SECONDS < deadline)); do
+    eval "$1" && return 0
+    [[ $mode != single && -e $other/finished ]] && fail "the other guest finished while this one waited for $3"
+    sleep 0.1
+  done
+  fail "timed out after $2 s waiting for $3"
+}
+pids=()
+finish() {
+  local rc=$?
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  if ((rc != 0)); then
+    for log in "$work"/*.log; do [[ -f $log ]] && { echo "--- $log" >&2; tail -15 "$log" >&2; }; done
+  fi
+  [[ $mode == single ]] || echo finished >"$mine/finished"
+}
+trap finish EXIT
+
+ulimit -l unlimited 2>/dev/null || echo "note: memlock limit stays $(ulimit -l)" >&2
+
+# ------------------------------------------------------------------ one guest
+
+if [[ $mode == single ]]; then
+  # Under TCG on 2 vCPUs the busy-polling variant's spinning threads outnumber the vCPUs, so its
+  # 64 MiB payload and its concurrent-connections test exceed the suite's 20 s I/O bound (they
+  # pass on hardware); the 64 MiB payload through the transparent fault wrapper is left out for
+  # time (event mode carries it). CANOPY_VM_FULL=1 runs every test.
+  filter='*Conformance*:RdmaTransport.RcopyRoundTripOverRdma'
+  if [[ -z ${CANOPY_VM_FULL:-} ]]; then
+    filter+=':-*CarriesPayloadsFromOneByteTo64MiB/busy_poll_small_slots'
+    filter+=':*ServesSeveralConnectionsConcurrently/busy_poll_small_slots'
+    filter+=':*CarriesPayloadsFromOneByteTo64MiB/fault_rdma_no_faults'
+  fi
+  step "rdma_transport_test: conformance (event, busy-poll small slots, fault+rdma), rcopy round trip"
+  "$build/tests/rdma_transport_test" --gtest_brief=1 --gtest_filter="$filter"
+  step "cluster tests with every node on rdma://$self"
+  export CANOPY_TEST_CLUSTER_LISTEN="rdma://$self:0"
+  "$build/tests/cluster_replication_test" --gtest_brief=1 \
+    --gtest_filter='ClusterReplicationTest.QuorumWritesSurviveKilledReplicaWhichCatchesUp:ClusterReplicationTest.ReplicaBehindTruncatedWalGetsSnapshot'
+  "$build/tests/cluster_failover_test" --gtest_brief=1 \
+    --gtest_filter='ClusterFailoverTest.LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite'
+  step "done"
+  exit 0
+fi
+
+# ------------------------------------------------------------------ guest pair
+
+port=7471
+secret=$out/cluster.secret
+cluster=(--cluster vm --secret-file "$secret")
+
+if [[ $mode == pair-b ]]; then
+  mkdir -p "$work/in"
+  server() {  # server LOG: rcopy server on rdma://self:7471, listening once $work/rcopy.port exists
+    rm -f "$work/rcopy.port"
+    "$rcopy" --server --root "$work/in" --transport rdma --bind "$self" --port "$port" \
+      --idle-timeout 30 --connect-timeout 30 --port-file "$work/rcopy.port" >"$1" 2>&1 &
+    pids+=($!)
+    server_pid=$!
+    wait_until "[[ -s $work/rcopy.port ]] || ! kill -0 $server_pid 2>/dev/null" 60 "the rcopy server"
+    [[ -s $work/rcopy.port ]] || { cat "$1" >&2; fail "rcopy server did not start"; }
+  }
+  step "rcopy server on rdma://$self:$port"
+  server "$work/server1.log"
+  echo "$port" >"$b_dir/rcopy.ready"
+  # --resume: stop the server (SIGTERM: it keeps what arrived as .big.bin.rcopy-partial; after a
+  # SIGKILL only its .tmp file remains, which --resume does not use) once 1 MiB of the big file
+  # has arrived, then restart it.
+  arrived() { stat -c %s "$work"/in/.big.bin.rcopy-*.tmp 2>/dev/null | head -1; }
+  wait_until '[[ $(arrived) -ge 1048576 ]] 2>/dev/null' 120 "1 MiB of big.bin"
+  kill -TERM "$server_pid"
+  wait "$server_pid" 2>/dev/null || true
+  partial=$work/in/.big.bin.rcopy-partial
+  [[ -f $partial ]] || fail "the stopped server left no $partial"
+  step "rcopy server stopped with $(stat -c %s "$partial") bytes of big.bin kept; restarted"
+  server "$work/server2.log"
+  echo "$port" >"$b_dir/rcopy.restarted"
+  wait_for "$a_dir/rcopy.done" 240
+  (cd "$work/in" && sha256sum empty.bin one.bin mid.bin par.bin big.bin) >"$b_dir/sums"
+  step "received files hashed"
+
+  step "cluster node 3 on rdma://$self"
+  wait_for "$a_dir/node1.uri" 120
+  node3() {
+    "$canopy" node --listen "${1:-rdma://$self:0}" --data "$work/node3" --node-id 3 "${cluster[@]}" \
+      --seed "$(cat "$a_dir/node1.uri")" --uri-file "$b_dir/node3.uri" --heartbeat-ms 100 --failure-ms 3000 \
+      --log warn >>"$work/node3.log" 2>&1 &
+    pids+=($!)
+    node3_pid=$!
+  }
+  node3
+  wait_for "$b_dir/node3.uri" 60
+  wait_until "[[ -e $a_dir/kill-node3 || -e $a_dir/cluster.done ]]" 300 "the cluster checks"
+  if [[ -e $a_dir/kill-node3 ]]; then
+    kill -9 "$node3_pid"
+    wait "$node3_pid" 2>/dev/null || true
+    echo killed >"$b_dir/node3.killed"
+    step "node 3 SIGKILLed"
+    wait_for "$a_dir/restart-node3" 240
+    rm -f "$b_dir/node3.uri"
+    node3 "$(cat "$a_dir/node3.uri.first" 2>/dev/null || true)"
+    wait_for "$b_dir/node3.uri" 60
+    step "node 3 restarted"
+  fi
+  wait_for "$a_dir/cluster.done" 240
+
+  step "powering off while guest A copies to this guest"
+  wait_for "$a_dir/vanish.started" 120
+  # Let the copy run, then vanish: no orderly shutdown, no disconnect reaches A.
+  wait_until '[[ -n $(ls "$work"/in/.vanish.bin.rcopy-*.tmp 2>/dev/null) ]]' 60 "the copy of vanish.bin"
+  sleep 2
+  echo 0 >"$b_dir/rc"
+  sync
+  echo o >/proc/sysrq-trigger
+  sleep 30
+  fail "still running after sysrq power-off"
+fi
+
+[[ $mode == pair-a ]] || fail "unknown mode $mode"
+
+# --- rcopy between the guests, byte-exact
+step "rcopy to rdma://$peer:$port"
+wait_for "$b_dir/rcopy.ready" 120
+: >"$work/empty.bin"
+printf 'x' >"$work/one.bin"
+head -c $((3 * 1024 * 1024 + 12345)) /dev/urandom >"$work/mid.bin"
+head -c $((2 * 1024 * 1024 + 7)) /dev/urandom >"$work/par.bin"
+head -c $((8 * 1024 * 1024)) /dev/urandom >"$work/big.bin"
+# Connection set-up between TCG guests takes seconds (connection manager exchange over rxe).
+copy() { "$rcopy" --transport rdma --port "$port" --connect-timeout 30 "$@"; }
+# The first rdma_cm connection from one TCG guest to the other fails with
+# RDMA_CM_EVENT_CONNECT_ERROR (seen every time; later ones succeed; not yet understood, see
+# hw/RDMA.md): the first copy may take up to three attempts, every later one must succeed at once.
+for attempt in 1 2 3; do
+  copy --timeout 20 --verify "$work/empty.bin" "$peer:empty.bin" && break
+  ((attempt < 3)) || fail "the first copy failed three times"
+  echo "first connection, attempt $attempt failed; again"
+done
+copy --timeout 20 --verify "$work/one.bin" "$peer:one.bin"
+copy --timeout 20 --verify --chunk 1M "$work/mid.bin" "$peer:mid.bin"
+copy --timeout 20 --verify -P 2 --chunk 256K "$work/par.bin" "$peer:par.bin"
+step "rcopy --resume after the server is stopped half way"
+# Slow enough (16 Mbit/s: 4 s for 8 MiB) that B stops its server half way.
+if copy --timeout 20 --verify --rate 16M --chunk 256K "$work/big.bin" "$peer:big.bin" >"$work/big1.log" 2>&1; then
+  cat "$work/big1.log"; fail "the copy survived its server being stopped"
+fi
+wait_for "$b_dir/rcopy.restarted" 60
+copy --timeout 20 --verify --resume --json --chunk 1M "$work/big.bin" "$peer:big.bin" >"$work/resume.json" ||
+  { cat "$work/resume.json"; fail "resume failed"; }
+skipped=$(jq -r '.. | objects | select(has("bytes_skipped")) | .bytes_skipped' "$work/resume.json" | head -1)
+echo "resume: $skipped bytes skipped"
+[[ $skipped -ge 1048576 ]] || { cat "$work/resume.json"; fail "resume skipped $skipped bytes, expected >= 1 MiB"; }
+echo done >"$a_dir/rcopy.done"
+wait_for "$b_dir/sums" 120
+(cd "$work" && sha256sum -c "$b_dir/sums") || fail "received files differ from the sources"
+step "rcopy: 5 files byte-exact on guest B"
+
+# --- 3-node cluster over rdma://, nodes 1 and 2 here, node 3 on guest B
+step "cluster: nodes 1, 2 on rdma://$self, node 3 on rdma://$peer"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret"
+for n in 1 2; do
+  seed=()
+  [[ $n -gt 1 ]] && seed=(--seed "$(cat "$a_dir/node1.uri")")
+  "$canopy" node --listen "rdma://$self:0" --data "$work/node$n" --node-id "$n" "${cluster[@]}" "${seed[@]}" \
+    --uri-file "$work/node$n.uri.tmp" --heartbeat-ms 100 --failure-ms 3000 --log warn >"$work/node$n.log" 2>&1 &
+  pids+=($!)
+  wait_for "$work/node$n.uri.tmp" 60
+  cp "$work/node$n.uri.tmp" "$a_dir/node$n.uri"
+done
+wait_for "$b_dir/node3.uri" 120
+cp "$b_dir/node3.uri" "$a_dir/node3.uri.first"
+node1=$(cat "$a_dir/node1.uri")
+alive() { "$canopy" status --node "$node1" "${cluster[@]}" --json 2>/dev/null | grep -o '"alive":true' | wc -l || true; }
+deadline=$((SECONDS + 120)); while ((SECONDS < deadline)); do [[ $(alive) -ge 3 ]] && break; sleep 0.2; done
+[[ $(alive) -ge 3 ]] || fail "the three nodes do not see each other"
+created=$("$canopy" create-tree --node "$node1" "${cluster[@]}" --tree vm)
+echo "$created"
+leader=$(sed -n 's/^created vm on leader \([^ ]*\) .*/\1/p' <<<"$created")
+[[ -n $leader ]] || fail "no leader in: $created"
+commit() { "$canopy" commit --node "$leader" "${cluster[@]}" --tree vm --cl "$1" --put "/:$2=$3"; }
+acked=()
+# Few CLI processes: each costs seconds under TCG (start, connection set-up); the bulk of the
+# commits goes through one `canopy bench`.
+for i in $(seq 1 5); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
+((${#acked[@]} == 5)) || fail "only ${#acked[@]} of 5 QUORUM commits acknowledged"
+"$canopy" bench --node "$leader" "${cluster[@]}" --tree vm --count 30 --cl QUORUM
+# The replica to kill: node 3 on guest B, unless it leads the tree (then node 2, here).
+if [[ $leader == "$(cat "$a_dir/node3.uri.first")" ]]; then victim=2; else victim=3; fi
+step "SIGKILL replica node $victim, commit on without it"
+if ((victim == 3)); then
+  echo kill >"$a_dir/kill-node3"
+  wait_for "$b_dir/node3.killed" 60
+else
+  kill -9 "${pids[1]}"
+  wait "${pids[1]}" 2>/dev/null || true
+fi
+for i in $(seq 6 10); do commit QUORUM "k$i" "v$i" >/dev/null && acked+=("k$i"); done
+((${#acked[@]} == 10)) || fail "QUORUM commits failed with one replica down (${#acked[@]} of 10 acknowledged)"
+if ((victim == 3)); then
+  echo restart >"$a_dir/restart-node3"
+else
+  "$canopy" node --listen "$(cat "$a_dir/node2.uri")" --data "$work/node2" --node-id 2 "${cluster[@]}" \
+    --seed "$node1" --uri-file "$work/node2.uri.again" --heartbeat-ms 100 --failure-ms 3000 --log warn \
+    >>"$work/node2.log" 2>&1 &
+  pids+=($!)
+fi
+step "node $victim restarting; ALL commit once it caught up"
+ok=0
+deadline=$((SECONDS + 120))
+while ((SECONDS < deadline)); do
+  if out_all=$(commit ALL final done 2>&1); then ok=1; break; fi
+  sleep 1
+done
+((ok)) || fail "no ALL commit after node 3 restarted: $out_all"
+version=$(sed -n 's/^committed version \([0-9]*\).*/\1/p' <<<"$out_all")
+converged=0
+deadline=$((SECONDS + 60))
+while ((SECONDS < deadline)); do
+  table=$("$canopy" status --node "$node1" "${cluster[@]}" --all 2>/dev/null || true)
+  n=$(grep -c "^vm .*version $version digest" <<<"$table" || true)
+  d=$(grep "^vm " <<<"$table" | grep -o "version $version digest [0-9a-f]*" | sort -u | wc -l)
+  if [[ $n -eq 3 && $d -eq 1 ]]; then converged=1; break; fi
+  sleep 0.2
+done
+echo "$table" | grep '^vm ' || true
+((converged)) || fail "the three replicas did not converge to one digest at version $version"
+tree_json=$("$canopy" read --node "$node1" "${cluster[@]}" --tree vm --json)
+for k in "${acked[@]}"; do grep -q "\"$k\"" <<<"$tree_json" || fail "acknowledged write $k lost"; done
+step "cluster: 3 replicas at version $version, one digest, ${#acked[@]} acknowledged writes present"
+echo done >"$a_dir/cluster.done"
+
+# --- guest B powers off during a copy: seen within the timeout
+step "guest B powers off during a copy"
+head -c $((16 * 1024 * 1024)) /dev/urandom >"$work/vanish.bin"
+echo started >"$a_dir/vanish.started"
+timeout_s=8
+t0=$(date +%s.%N)
+if copy --timeout "$timeout_s" --rate 8M --chunk 256K "$work/vanish.bin" "$peer:vanish.bin" >"$work/vanish.log" 2>&1; then
+  fail "the copy to a powered-off guest succeeded"
+fi
+t1=$(date +%s.%N)
+elapsed=$(echo "$t1 - $t0" | bc)
+echo "copy failed after $elapsed s: $(tail -1 "$work/vanish.log")"
+grep -Eiq 'unavailable|timeout|timed out|no progress|connection' "$work/vanish.log" ||
+  { cat "$work/vanish.log"; fail "the copy failed, but not because the peer vanished"; }
+# Elapsed counts from the copy's start: its connection set-up and first chunks take ~10 s under
+# TCG before B powers off (B waits for the .tmp file, then 2 s). It must fail within the timeout
+# after that. Seen: "Timeout: ... the peer returned no credits" after 22 s: a sender blocked on
+# credits posts nothing, so the QP's retry counter never fires and the vanished peer surfaces as
+# Timeout at io_timeout, not as Unavailable (hw/RDMA.md, Status).
+echo "$elapsed < $timeout_s + 20" | bc | grep -q 1 || fail "the vanished peer was noticed only after $elapsed s"
+step "done"
