@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "base/file.h"
+#include "bench/bench_util.h"
 #include "tree/snapshot.h"
 #include "tree/store.h"
 
@@ -38,17 +39,8 @@ using Seconds = std::chrono::duration<double>;
 
 namespace {
 
-[[noreturn]] void Die(const std::string& what, const Status& s) {
-  std::fprintf(stderr, "tree_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
-  std::exit(1);
-}
-
-uint64_t RssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-}
+[[noreturn]] void Die(const std::string& what, const Status& s) { bench::Die("tree_bench", what, s); }
+using bench::RssBytes;
 
 nlohmann::json CommitRun(const std::string& base_dir, FsyncPolicy policy, int threads, double seconds,
                          size_t payload) {

@@ -28,6 +28,7 @@
 #include <string>
 
 #include "base/file.h"
+#include "bench/bench_util.h"
 #include "tree/store.h"
 
 namespace po = boost::program_options;
@@ -37,17 +38,8 @@ using Seconds = std::chrono::duration<double>;
 
 namespace {
 
-[[noreturn]] void Die(const std::string& what, const Status& s) {
-  std::fprintf(stderr, "versions_bench: %s: %s\n", what.c_str(), s.ToString().c_str());
-  std::exit(1);
-}
-
-uint64_t RssBytes() {
-  std::ifstream statm("/proc/self/statm");
-  uint64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-}
+[[noreturn]] void Die(const std::string& what, const Status& s) { bench::Die("versions_bench", what, s); }
+using bench::RssBytes;
 
 std::string EditValue(uint64_t edit) {
   std::string v = std::to_string(edit);
