@@ -197,6 +197,18 @@ testpmd_sample() {
     sample_note="testpmd received no frames over memif in full stats periods: $(grep -a -v '^$' "$work/testpmd.tx.$rep.log" | tail -n 3 | tr '\n' ' ')"
     return 1
   fi
+  # The frames must be the size asked for (--txpkts): bytes per frame from
+  # testpmd's own Rx-bps / Rx-pps over the same periods. A sample whose
+  # frames are not that size (seen: far more frames/s than memory bandwidth
+  # allows at 9014 B) is refused rather than turned into a bogus Gbit/s.
+  local bps seen
+  bps=$(grep -a -o 'Rx-pps: *[0-9]* *Rx-bps: *[0-9]*' "$work/testpmd.rx.$rep.log" | awk '$2 > 0 { v[n++] = $4 }
+    END { if (n < 3) exit; s = 0; for (i = 1; i < n - 1; i++) s += v[i]; printf "%.0f\n", s / (n - 2) }')
+  seen=$(awk -v b="${bps:-0}" -v p="$pps" 'BEGIN { printf "%.0f\n", (p > 0) ? b / 8 / p : 0 }')
+  if ! awk -v s="$seen" -v f="$frame" 'BEGIN { d = s - f; if (d < 0) d = -d; exit !(d <= f * 0.1) }'; then
+    sample_note="testpmd's frames averaged $seen B by its own Rx-bps / Rx-pps, not the $frame B asked for (--txpkts $frame, mbufs of ${tp_mbuf[*]:-2176 B}): sample refused"
+    return 1
+  fi
   jq -cn --argjson r "$rep" --argjson pps "$pps" --argjson f "$frame" --argjson m "$mss" \
     --argjson rx_rc "$rx_rc" --argjson tx_rc "$tx_rc" \
     --arg rx "$(grep -a -o 'Rx-pps: *[0-9]* *Rx-bps: *[0-9]*' "$work/testpmd.rx.$rep.log" | tr -s ' ' | tr '\n' ';')" \
