@@ -185,10 +185,8 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
   // ours. Each step copies one Node (24 bytes; it shares both sequences) if it
   // is shared, and the child-sequence chunks on the way to the next index.
   NodePtr* slot = root;
-  for (size_t depth = 0;; ++depth) {
-    Node& n = NodeBuilderAccess::Unique(slot);
-    if (depth == op.path.size()) break;
-    slot = &NodeBuilderAccess::children(n).MutableAt(static_cast<size_t>(op.path[depth]));
+  for (uint64_t index : op.path) {
+    slot = &NodeBuilderAccess::children(NodeBuilderAccess::Unique(slot)).MutableAt(static_cast<size_t>(index));
   }
 
   // 3. Edit the (now private) target: O(log n) in its child or attribute count.

@@ -138,27 +138,24 @@ uint64_t CountNodes(const NodePtr& root) {
 }
 
 namespace {
-bool SameAttributes(const Node& x, const Node& y) {
-  size_t n = x.attribute_count();
-  if (n != y.attribute_count()) return false;
-  if (n == 0) return true;
-  // Walk both leaf by leaf.
-  const auto& xa = x.attribute_vector();
-  const auto& ya = y.attribute_vector();
-  for (size_t i = 0; i < n;) {
-    auto xs = xa.SpanAt(i);
-    auto ys = ya.SpanAt(i);
+
+// Calls f(x[i], y[i]) for i in [0, size), walking both vectors a leaf at a
+// time; stops and returns false as soon as f does. REQUIRES: equal sizes.
+template <typename T, typename F>
+bool AllPairs(const PersistentVector<T>& x, const PersistentVector<T>& y, F&& f) {
+  for (size_t i = 0, n = x.size(); i < n;) {
+    auto xs = x.SpanAt(i);
+    auto ys = y.SpanAt(i);
     size_t xo = i - xs.first, yo = i - ys.first;
     size_t run = std::min(xs.count - xo, ys.count - yo);
     for (size_t k = 0; k < run; ++k) {
-      const AttributeBlob* a = xs.items[xo + k].get();
-      const AttributeBlob* b = ys.items[yo + k].get();
-      if (a != b && (a->key() != b->key() || a->value() != b->value())) return false;
+      if (!f(xs.items[xo + k], ys.items[yo + k])) return false;
     }
     i += run;
   }
   return true;
 }
+
 }  // namespace
 
 bool TreesEqual(const NodePtr& a, const NodePtr& b) {
@@ -167,18 +164,16 @@ bool TreesEqual(const NodePtr& a, const NodePtr& b) {
     auto [x, y] = stack.back();
     stack.pop_back();
     if (x == y) continue;  // shared subtree
-    if (x->child_count() != y->child_count() || !SameAttributes(*x, *y)) return false;
-    size_t n = x->child_count();
-    const auto& xc = x->child_vector();
-    const auto& yc = y->child_vector();
-    for (size_t i = 0; i < n;) {
-      auto xs = xc.SpanAt(i);
-      auto ys = yc.SpanAt(i);
-      size_t xo = i - xs.first, yo = i - ys.first;
-      size_t run = std::min(xs.count - xo, ys.count - yo);
-      for (size_t k = 0; k < run; ++k) stack.emplace_back(xs.items[xo + k].get(), ys.items[yo + k].get());
-      i += run;
-    }
+    if (x->child_count() != y->child_count() || x->attribute_count() != y->attribute_count()) return false;
+    bool same_attributes = AllPairs(x->attribute_vector(), y->attribute_vector(),
+                                    [](const AttributePtr& p, const AttributePtr& q) {
+                                      return p == q || (p->key() == q->key() && p->value() == q->value());
+                                    });
+    if (!same_attributes) return false;
+    AllPairs(x->child_vector(), y->child_vector(), [&](const NodePtr& p, const NodePtr& q) {
+      stack.emplace_back(p.get(), q.get());
+      return true;
+    });
   }
   return true;
 }

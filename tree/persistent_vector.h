@@ -241,7 +241,7 @@ class PersistentVector {
     uint64_t total = 0;    // elements in this subtree
   };
   static_assert(sizeof(Chunk) == 16);
-  static_assert(alignof(T) <= alignof(Chunk) || alignof(T) <= 8);
+  static_assert(alignof(T) <= alignof(Chunk), "entries follow the 16-byte header unpadded");
 
   // A leaf is followed by T[capacity]; an inner chunk by uint64_t sizes[capacity]
   // then Chunk* kids[capacity].
