@@ -21,8 +21,10 @@
 
 namespace canopy::transport::rdma {
 
-// The RC retry count the backend asks for (rdma_conn_param::retry_count): 7, the most verbs allow.
-inline constexpr int kRetryCount = 7;
+// The RC retry count the backend asks for (rdma_conn_param::retry_count). Not 7, the most verbs
+// allow: Soft-RoCE (rxe_comp.c) takes retry_cnt 7 to mean "retry forever", like rnr_retry 7, so
+// a request to a vanished peer would never fail there.
+inline constexpr int kRetryCount = 6;
 
 // io_timeout / 4, clamped to [100 ms, 10 s].
 std::chrono::milliseconds ProbeIntervalFor(std::chrono::milliseconds io_timeout);
