@@ -105,7 +105,7 @@ case $mode in
   *) fail "unknown mode $mode" ;;
 esac
 echo ok >"$mine/phase1"
-wait_for "$other/phase1" 600
+wait_for "$other/phase1" 900
 
 # ------------------------------------------------------------------ guest pair
 

@@ -6,7 +6,7 @@
 # (by hand) runs the within-one-guest suites in one guest.
 # Exit 77 (ctest SKIP_RETURN_CODE) with the reason when guests cannot run here (no QEMU, no
 # kernel package, no busybox-static) or CANOPY_RDMA_VM=0 turns them off; any other non-zero
-# status is a failure. Limits: CANOPY_VM_TEST_TIMEOUT (default 600 s) for the guests, after
+# status is a failure. Limits: CANOPY_VM_TEST_TIMEOUT (default 1200 s) for the guests, after
 # which hw/rdma-vm.sh kills them (exit 124).
 set -euo pipefail
 src=$1
@@ -14,7 +14,7 @@ build=$2
 mode=$3
 vm=$src/hw/rdma-vm.sh
 guest=$src/tests/rdma_vm_guest.sh
-limit=${CANOPY_VM_TEST_TIMEOUT:-600}
+limit=${CANOPY_VM_TEST_TIMEOUT:-1200}
 if [[ ${CANOPY_RDMA_VM:-1} == 0 ]]; then
   echo "rdma_vm_test: not run: CANOPY_RDMA_VM=0 (unset it to boot the Soft-RoCE guests; hw/RDMA.md)"
   exit 77
@@ -26,7 +26,7 @@ for bin in tests/rdma_transport_test tests/cluster_replication_test tests/cluste
 done
 # Everything in the guests runs 10-50x slower than on the host (TCG): the tests' hang bounds
 # (not what they assert) are scaled (tests/testing/test_util.h, TestTimeScale).
-envs=(--env CANOPY_TEST_TIME_SCALE="${CANOPY_TEST_TIME_SCALE:-4}")
+envs=(--env CANOPY_TEST_TIME_SCALE="${CANOPY_TEST_TIME_SCALE:-10}")
 [[ -n ${CANOPY_VM_FULL:-} ]] && envs+=(--env CANOPY_VM_FULL=1)
 # The guests are CPU-bound emulation: keep the host responsive.
 run_vm() { exec nice -n 5 bash "$vm" "$@"; }

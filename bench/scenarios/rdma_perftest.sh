@@ -33,6 +33,7 @@ if [[ $role == b ]]; then
   a_dir=$CANOPY_VM_OUT/a
   n=0
   children=()
+  echo ready > "$CANOPY_VM_DIR/agent.ready"
   while [[ ! -e $a_dir/finished ]]; do
     if [[ -f $a_dir/req.$n ]]; then
       bash -c "$(cat "$a_dir/req.$n")" > "$CANOPY_VM_DIR/srv.$n.log" 2>&1 &
@@ -60,12 +61,14 @@ if [[ -z $role && -z $devices ]]; then
   for v in BENCH_MODE BENCH_REPS BENCH_BUILD BENCH_REPO; do envs+=(--env "$v=${!v:-}"); done
   envs+=(--env "BENCH_WORK=/tmp/bench-work" --env "BENCH_OUT=$vm_out/a/fragment.json")
   rc=0
-  nice -n 5 bash "$BENCH_REPO/hw/rdma-vm.sh" pair --quiet --out "$vm_out" --timeout "$(bench_pick 300 900 2400)" "${envs[@]}" \
+  nice -n 5 bash "$BENCH_REPO/hw/rdma-vm.sh" pair --quiet --out "$vm_out" --timeout "$(bench_pick 300 1800 3600)" "${envs[@]}" \
     --a "mkdir -p /tmp/bench-work && bash $0" --b "bash $0" > "$vm_out/host.log" 2>&1 || rc=$?
   if ((rc == 77)); then bench_skip "$why; and no guests: $(tail -1 "$vm_out/host.log")"; fi
   if ((rc != 0)) || [[ ! -s $vm_out/a/fragment.json ]]; then
     bench_log "the guest run failed (exit $rc):"
-    tail -20 "$vm_out/a/stderr" "$vm_out/b/stderr" "$vm_out/host.log" >&2 2> /dev/null || true
+    for f in "$vm_out"/a/stdout "$vm_out"/a/stderr "$vm_out"/b/stderr "$vm_out"/host.log; do
+      [[ -s $f ]] && { echo "--- ${f#"$vm_out"/}" >&2; tail -20 "$f" >&2; }
+    done
     exit 1
   fi
   cat "$vm_out/a/stderr" >&2 2> /dev/null || true
@@ -129,9 +132,11 @@ if [[ $role == a ]]; then
   serve() {
     printf '%s\n' "$*" > "$CANOPY_VM_DIR/req.tmp"
     mv "$CANOPY_VM_DIR/req.tmp" "$CANOPY_VM_DIR/req.$req"
-    bench_wait_file "$share/ack.$req" 30 || { bench_log "guest B did not start: $*"; return 1; }
+    bench_wait_file "$share/ack.$req" 120 || { bench_log "guest B did not start: $*"; return 1; }
     req=$((req + 1))
   }
+  # The guests boot at their own pace (minutes on a loaded host): wait for B's agent.
+  bench_wait_file "$share/agent.ready" 900 || { bench_log "guest B's agent did not come up"; exit 1; }
   serve "mkdir -p $dst"
 else
   share=$work
@@ -142,13 +147,26 @@ else
   }
 fi
 
+# perftest_client TOOL ARGS...: the client, tried again while its server is not listening yet
+# (it prints nothing when ready; in the guests it can take seconds to start).
+perftest_client() {
+  local attempt out
+  for attempt in 1 2 3 4 5; do
+    out=$("$@" 2>&1) && { echo "$out"; return 0; }
+    grep -qi "couldn't connect\|unable to connect\|connection refused" <<<"$out" || break
+    sleep 2
+  done
+  echo "$out"
+  return 1
+}
+
 # perftest TOOL SIZE -> its average Gbit/s (server started first).
 perftest() {
   local tool=$1 size=$2 out
   perf_port=$((perf_port + 1))
   serve "$tool -d $device -s $size -D $secs -F --report_gbits -p $perf_port > $share/perf.$perf_port.srv 2>&1"
   sleep 1  # perftest's server prints nothing machine-readable when ready
-  out=$("$tool" -d "$device" -s "$size" -D "$secs" -F --report_gbits -p "$perf_port" "$addr" 2>&1) ||
+  out=$(perftest_client "$tool" -d "$device" -s "$size" -D "$secs" -F --report_gbits -p "$perf_port" "$addr") ||
     { bench_log "$tool -s $size failed: $out"; return 1; }
   jq -cn --arg t "$tool" --argjson s "$size" --arg out "$out" '{label: $t, size: $s, output: $out}' >> "$runs"
   awk -v s="$size" '$1 == s { print $4; exit }' <<<"$out"
@@ -159,7 +177,7 @@ send_lat() {
   perf_port=$((perf_port + 1))
   serve "ib_send_lat -d $device -s 64 -n $lat_iters -F -p $perf_port > $share/perf.$perf_port.srv 2>&1"
   sleep 1
-  out=$(ib_send_lat -d "$device" -s 64 -n "$lat_iters" -F -p "$perf_port" "$addr" 2>&1) ||
+  out=$(perftest_client ib_send_lat -d "$device" -s 64 -n "$lat_iters" -F -p "$perf_port" "$addr") ||
     { bench_log "ib_send_lat failed: $out"; return 1; }
   jq -cn --arg out "$out" '{label: "ib_send_lat", size: 64, output: $out}' >> "$runs"
   awk '$1 == 64 { print $5; exit }' <<<"$out"
@@ -167,7 +185,7 @@ send_lat() {
 
 rm -f "$share/bench.port"
 serve "$bench --server -q --transport rdma --bind $addr -p 0 --port-file $share/bench.port 2> $share/bench.err"
-bench_wait_file "$share/bench.port" 30 || { bench_log "bench server over rdma:// did not start: $(cat "$share/bench.err")"; exit 1; }
+bench_wait_file "$share/bench.port" 120 || { bench_log "bench server over rdma:// did not start: $(cat "$share/bench.err")"; exit 1; }
 bport=$(cat "$share/bench.port")
 # bench_bw SIZE [--bulk] -> bw_avg_gbps over rdma://.
 bench_bw() {
@@ -217,7 +235,7 @@ declare -A rport
 for scheme in rdma tcp; do
   rm -f "$share/rcopy.$scheme.port"
   serve "$rcopy --server -q --root $dst --transport $scheme --bind $addr -p 0 --port-file $share/rcopy.$scheme.port 2> $share/rcopy.$scheme.err"
-  bench_wait_file "$share/rcopy.$scheme.port" 30 || { bench_log "rcopy server ($scheme) did not start: $(cat "$share/rcopy.$scheme.err")"; exit 1; }
+  bench_wait_file "$share/rcopy.$scheme.port" 120 || { bench_log "rcopy server ($scheme) did not start: $(cat "$share/rcopy.$scheme.err")"; exit 1; }
   rport[$scheme]=$(cat "$share/rcopy.$scheme.port")
 done
 rcopy_once() {
