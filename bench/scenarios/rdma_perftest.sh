@@ -61,7 +61,7 @@ if [[ -z $role && -z $devices ]]; then
   for v in BENCH_MODE BENCH_REPS BENCH_BUILD BENCH_REPO; do envs+=(--env "$v=${!v:-}"); done
   envs+=(--env "BENCH_WORK=/tmp/bench-work" --env "BENCH_OUT=$vm_out/a/fragment.json")
   rc=0
-  nice -n 5 bash "$BENCH_REPO/hw/rdma-vm.sh" pair --quiet --out "$vm_out" --timeout "$(bench_pick 300 1800 3600)" "${envs[@]}" \
+  nice -n 5 bash "$BENCH_REPO/hw/rdma-vm.sh" pair --quiet --out "$vm_out" --timeout "$(bench_pick 900 1800 3600)" "${envs[@]}" \
     --a "mkdir -p /tmp/bench-work && bash $0" --b "bash $0" > "$vm_out/host.log" 2>&1 || rc=$?
   if ((rc == 77)); then bench_skip "$why; and no guests: $(tail -1 "$vm_out/host.log")"; fi
   if ((rc != 0)) || [[ ! -s $vm_out/a/fragment.json ]]; then
@@ -120,20 +120,30 @@ trap "exit 143" TERM
 mkdir -p "$work/dst"
 runs=$work/runs.jsonl
 : > "$runs"
-perf_port=$((18515 + RANDOM % 1000))
+# Each perftest server gets a port of its own (a file: perftest runs inside $(...) subshells).
+echo $((18515 + RANDOM % 1000)) > "$work/perf.port"
+next_perf_port() {
+  local p
+  p=$(($(cat "$work/perf.port") + 1))
+  echo "$p" > "$work/perf.port"
+  echo "$p"
+}
 
 # Servers run here, or on guest B (its agent runs each request; files it must write go to
 # $share, which both guests see).
 if [[ $role == a ]]; then
   share=$CANOPY_VM_OUT/b
   dst=/tmp/rdma_perftest-dst
-  req=0
-  # serve COMMAND: start COMMAND on guest B, return once it runs there.
+  # serve COMMAND: start COMMAND on guest B, return once it runs there. The request counter is
+  # a file: serve runs inside $(...) subshells too, where a variable's increment is lost.
+  echo 0 > "$work/req.next"
   serve() {
+    local req
+    req=$(cat "$work/req.next")
+    echo $((req + 1)) > "$work/req.next"
     printf '%s\n' "$*" > "$CANOPY_VM_DIR/req.tmp"
     mv "$CANOPY_VM_DIR/req.tmp" "$CANOPY_VM_DIR/req.$req"
     bench_wait_file "$share/ack.$req" 120 || { bench_log "guest B did not start: $*"; return 1; }
-    req=$((req + 1))
   }
   # The guests boot at their own pace (minutes on a loaded host): wait for B's agent.
   bench_wait_file "$share/agent.ready" 900 || { bench_log "guest B's agent did not come up"; exit 1; }
@@ -163,7 +173,8 @@ perftest_client() {
 # perftest TOOL SIZE -> its average Gbit/s (server started first).
 perftest() {
   local tool=$1 size=$2 out
-  perf_port=$((perf_port + 1))
+  local perf_port
+  perf_port=$(next_perf_port)
   serve "$tool -d $device -s $size -D $secs -F --report_gbits -p $perf_port > $share/perf.$perf_port.srv 2>&1"
   sleep 1  # perftest's server prints nothing machine-readable when ready
   out=$(perftest_client "$tool" -d "$device" -s "$size" -D "$secs" -F --report_gbits -p "$perf_port" "$addr") ||
@@ -174,7 +185,8 @@ perftest() {
 # send_lat -> ib_send_lat's typical one-way latency (us) for 64-byte messages.
 send_lat() {
   local out
-  perf_port=$((perf_port + 1))
+  local perf_port
+  perf_port=$(next_perf_port)
   serve "ib_send_lat -d $device -s 64 -n $lat_iters -F -p $perf_port > $share/perf.$perf_port.srv 2>&1"
   sleep 1
   out=$(perftest_client ib_send_lat -d "$device" -s 64 -n "$lat_iters" -F -p "$perf_port" "$addr") ||
