@@ -40,7 +40,8 @@
 #   - busybox-static makes the initramfs (modules, 9p mounts, chroot).
 # Environment: CANOPY_VM_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/canopy-rdma-vm),
 #   CANOPY_VM_KERNEL_PKG (default: what linux-image-amd64 depends on), CANOPY_VM_QEMU,
-#   CANOPY_VM_ACCEL (tcg), CANOPY_VM_CPU (max).
+#   CANOPY_VM_ACCEL (tcg), CANOPY_VM_CPU (max), CANOPY_VM_ROOT_CACHE (loose: the guest caches the
+#   host root, so do not rebuild on the host while a guest runs; none).
 set -euo pipefail
 
 SKIP=77
@@ -51,11 +52,14 @@ CACHE=${CANOPY_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/canopy-rdma-vm}
 QEMU=${CANOPY_VM_QEMU:-qemu-system-x86_64}
 ACCEL=${CANOPY_VM_ACCEL:-tcg}
 CPU=${CANOPY_VM_CPU:-max}
+# 9p cache mode of the guest's (read-only) view of the host root: loose (default) caches in the
+# guest, so rebuild on the host only while no guest runs; none reads every access through.
+ROOT_CACHE=${CANOPY_VM_ROOT_CACHE:-loose}
 BUSYBOX=${CANOPY_VM_BUSYBOX:-/bin/busybox}
 # Modules the guest loads before the 9p root (virtio, 9p) and for Soft-RoCE (rxe needs
 # crc32_generic for its ICRC, rdma_ucm for librdmacm's /dev/infiniband/rdma_cm).
 MODULES=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm)
-INITRAMFS_VERSION=5  # bump when the init script or the module list changes
+INITRAMFS_VERSION=6  # bump when the init script or the module list changes
 
 # ---------------------------------------------------------------- preparation (cached)
 
@@ -134,7 +138,12 @@ prepare() {
   kver=$(ls "$kdir/lib/modules" | head -1)
   image=$kdir/boot/vmlinuz-$kver
   [[ -f $image ]] || { echo "no kernel image $image in the unpacked package" >&2; return 1; }
-  initrd=$CACHE/initramfs-$kver-v$INITRAMFS_VERSION.cpio.gz
+  # Under TCG the kernel's own xz decompressor takes half a minute: boot the uncompressed ELF
+  # through its PVH entry instead (QEMU loads it directly), when the kernel has one.
+  local pvh=$kdir/boot/vmlinux-$kver.pvh
+  [[ -f $pvh ]] || extract_pvh_vmlinux "$image" "$kdir/boot/config-$kver" "$pvh" || true
+  [[ -f $pvh ]] && image=$pvh
+  initrd=$CACHE/initramfs-$kver-v$INITRAMFS_VERSION.cpio
   if [[ ! -f $initrd ]]; then
     [[ -f $kdir/lib/modules/$kver/modules.dep ]] || "$BUSYBOX" depmod -b "$kdir" "$kver" ||
       { echo "busybox depmod failed on $kdir" >&2; return 1; }
@@ -154,11 +163,48 @@ prepare() {
     "$BUSYBOX" depmod -b "$work" "$kver"
     write_init "$work/init"
     chmod 755 "$work/init"
-    (cd "$work" && find . | "$BUSYBOX" cpio -o -H newc 2>/dev/null | gzip -1) >"$initrd.tmp"
+    # Uncompressed: unpacking it is a copy, where gunzip under TCG takes seconds.
+    (cd "$work" && find . | "$BUSYBOX" cpio -o -H newc 2>/dev/null) >"$initrd.tmp"
     mv "$initrd.tmp" "$initrd"
     rm -rf "$work"
   fi
-  echo "$image $initrd"
+  echo "$image $initrd" | tee "$CACHE/current.tmp" && mv "$CACHE/current.tmp" "$CACHE/current"
+}
+
+# What the last `prepare` made, if it is still there and of this script's initramfs version
+# (saves `run` the apt-cache look-up); else prepares.
+prepared() {
+  local image initrd
+  if [[ -f $CACHE/current ]] && read -r image initrd <"$CACHE/current" && [[ -f $image && -f $initrd ]] &&
+     [[ $initrd == *-v$INITRAMFS_VERSION.cpio ]]; then
+    echo "$image $initrd"
+    return 0
+  fi
+  prepare
+}
+
+# extract_pvh_vmlinux BZIMAGE CONFIG OUT: the ELF vmlinux inside a bzImage, if the kernel was
+# built with CONFIG_PVH (an entry QEMU's -kernel can boot without decompressing under
+# emulation). Returns 1, writing nothing, when it is not such a kernel or no decompressor fits.
+extract_pvh_vmlinux() {
+  local bz=$1 config=$2 out=$3 offset tmp
+  grep -qx 'CONFIG_PVH=y' "$config" 2>/dev/null || return 1
+  command -v xz >/dev/null 2>&1 || return 1
+  grep -qx 'CONFIG_KERNEL_XZ=y' "$config" || return 1
+  # The xz stream starts at its magic (FD 37 7A 58 5A 00); data after it (the bzImage's
+  # trailer) makes xz complain, so the result is checked as an ELF with a PVH note instead.
+  offset=$(LC_ALL=C grep -obUaP '\xfd\x37\x7a\x58\x5a\x00' "$bz" 2>/dev/null | head -1 | cut -d: -f1)
+  [[ -n $offset ]] || return 1
+  tmp=$out.tmp.$$
+  tail -c +$((offset + 1)) "$bz" | xz -dc >"$tmp" 2>/dev/null || true
+  # ELF magic, and XEN_ELFNOTE_PHYS32_ENTRY (type 18) among the notes.
+  if [[ $(head -c 4 "$tmp" | od -An -tx1 | tr -d ' ') == 7f454c46 ]] &&
+     { ! command -v readelf >/dev/null 2>&1 || readelf -n "$tmp" 2>/dev/null | grep -q '0x00000012'; }; then
+    mv "$tmp" "$out"
+    return 0
+  fi
+  rm -f "$tmp"
+  return 1
 }
 
 file_is_static() {
@@ -177,10 +223,13 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 arg() { sed -n "s/.*\bcanopy\.$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
 role=$(arg role); ip4=$(arg ip); peer=$(arg peer); out=$(arg out); cwd=$(arg cwd); msize=$(arg msize)
-log() { echo "canopy-init[$role]: $*"; }
+log() { echo "canopy-init[$role] $(cut -d' ' -f1 /proc/uptime) s: $*"; }
 fail() { log "$*"; echo 125 >"/newroot$out/$role/rc" 2>/dev/null; sync; poweroff -f; }
 for m in virtio_pci virtio_net 9pnet_virtio 9p; do modprobe "$m" || log "modprobe $m failed"; done
-mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=${msize:-512000} hostroot /newroot || { log "cannot mount the host root"; poweroff -f; }
+# The host root is read-only and does not change while the guest runs: cache=loose keeps what
+# was read in the guest's page cache (a binary loaded twice is read over 9p once) and reads
+# ahead (without it every page fault of a binary is one 9p round trip).
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=$(arg rootcache),msize=${msize:-512000} hostroot /newroot || { log "cannot mount the host root"; poweroff -f; }
 mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
@@ -190,6 +239,7 @@ for d in /tmp /run /dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "/newroot$d" |
 # The results directory, at its host path (a directory under /tmp is made in the guest's tmpfs).
 mkdir -p "/newroot$out" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=${msize:-512000} results "/newroot$out" || { log "cannot mount results at $out"; poweroff -f; }
+log "host root mounted"
 for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm; do modprobe "$m" || fail "modprobe $m failed"; done
 ip link set lo up
 ip link set eth0 up || fail "no eth0"
@@ -256,7 +306,12 @@ start_guest() {
   local peermac
   mac=52:54:00:77:00:$([[ $role == a ]] && echo 01 || echo 02)
   peermac=52:54:00:77:00:$([[ $role == a ]] && echo 02 || echo 01)
-  append="console=ttyS0 panic=-1 quiet loglevel=4 canopy.role=$role canopy.ip=$ip canopy.peer=$peer"
+  # no_timer_check: on a loaded host the kernel's IO-APIC timer check fails under TCG and the
+  # kernel panics ("IO-APIC + timer doesn't work!"; seen at load 13). mitigations=off and
+  # init_on_alloc=0: page-table isolation, retpolines and zeroing every allocation cost
+  # emulated cycles and protect nothing here.
+  append="console=ttyS0 panic=-1 quiet loglevel=4 no_timer_check mitigations=off init_on_alloc=0"
+  append+=" canopy.role=$role canopy.ip=$ip canopy.peer=$peer canopy.rootcache=$ROOT_CACHE"
   append+=" canopy.peermac=$peermac"
   append+=" canopy.out=$OUT canopy.cwd=$CWD canopy.shell=$shell"
   if [[ $console == stdio ]]; then serial=(-serial mon:stdio); else serial=(-serial "file:$OUT/$role/console.log"); fi
@@ -406,13 +461,13 @@ case "$cmd" in
   check)
     reason=$(check_host) || skip "$reason"
     mkdir -p "$CACHE" 2>/dev/null || skip "cannot create the cache directory $CACHE"
-    result=$(prepare 2>&1) || skip "$(tail -1 <<<"$result")"
+    result=$(prepared 2>&1) || skip "$(tail -1 <<<"$result")"
     echo "rdma-vm: ready (accel $ACCEL, cpu $CPU): $result"
     ;;
   run|pair|shell)
     reason=$(check_host) || skip "$reason"
     mkdir -p "$CACHE" 2>/dev/null || skip "cannot create the cache directory $CACHE"
-    result=$(prepare 2>/tmp/rdma-vm-prepare.$$) || { r=$(tail -1 /tmp/rdma-vm-prepare.$$); rm -f /tmp/rdma-vm-prepare.$$; skip "$r"; }
+    result=$(prepared 2>/tmp/rdma-vm-prepare.$$) || { r=$(tail -1 /tmp/rdma-vm-prepare.$$); rm -f /tmp/rdma-vm-prepare.$$; skip "$r"; }
     rm -f /tmp/rdma-vm-prepare.$$
     read -r IMAGE INITRD <<<"$result"
     [[ $CWD == /* && ! $CWD =~ [[:space:]] ]] || die "--cwd must be an absolute path without spaces"

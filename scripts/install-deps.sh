@@ -16,7 +16,7 @@ PACKAGES=(
   perftest  # ib_write_bw / ib_send_bw, the peers of bench/scenarios/rdma_perftest.sh
   # QEMU guests with Soft-RoCE for the rdma_vm tests (hw/rdma-vm.sh; the guest kernel is
   # fetched with apt-get download into a cache, never installed)
-  qemu-system-x86 busybox-static
+  qemu-system-x86 busybox-static xz-utils
   dpdk dpdk-dev libdpdk-dev
   # test and benchmark peers / helpers
   iproute2 procps psmisc iperf3 gnuplot-nox util-linux jq bc

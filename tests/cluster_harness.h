@@ -32,9 +32,10 @@ namespace canopy::testing {
 inline constexpr char kClusterName[] = "test-cluster";
 inline constexpr char kClusterSecret[] = "correct horse battery staple";
 
-// Polls `done` every 25 ms until it is true or `timeout` passes.
+// Polls `done` every 25 ms until it is true or `timeout` passes (scaled under emulation:
+// CANOPY_TEST_TIME_SCALE, test_util.h).
 inline bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = std::chrono::steady_clock::now() + ScaledBound(timeout);
   while (std::chrono::steady_clock::now() < deadline) {
     if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
@@ -199,7 +200,7 @@ class TestCluster {
     replication::ClientOptions o;
     o.cluster = kClusterName;
     o.secret = std::move(secret);
-    o.timeout = std::chrono::seconds(10);
+    o.timeout = ScaledBound(std::chrono::seconds(10));
     return o;
   }
 

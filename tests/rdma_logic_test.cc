@@ -14,6 +14,7 @@
 #include "transport/frame.h"
 #include "transport/rdma/connection_state.h"
 #include "transport/rdma/credits.h"
+#include "transport/rdma/keepalive.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/rdma/slot_pool.h"
 #include "transport/rdma/stream.h"
@@ -530,6 +531,37 @@ TEST(RdmaConnectionState, LocalShutdownStopsDataButNotControl) {
   EXPECT_TRUE(m.CheckSend().IsUnavailable());
   EXPECT_TRUE(m.CheckAlive().ok());
   EXPECT_TRUE(m.ReceiveEndStatus().ok()) << "receiving continues after our own Shutdown";
+}
+
+}  // namespace
+}  // namespace canopy::transport::rdma
+
+namespace canopy::transport::rdma {
+namespace {
+
+// A vanished peer must be seen within io_timeout: one probe interval of quiet, then every retry
+// of the probe unanswered.
+TEST(RdmaKeepalive, ProbePlusRetriesFitInTheIoTimeout) {
+  using std::chrono::milliseconds;
+  for (milliseconds io : {milliseconds(2000), milliseconds(8000), milliseconds(30000), milliseconds(120000)}) {
+    const uint8_t e = AckTimeoutExponentFor(io);
+    EXPECT_GE(e, 14);
+    EXPECT_LE(e, 20);
+    const auto retries = AckTimeoutFor(e) * (kRetryCount + 1);
+    EXPECT_LE(retries, io / 2) << io.count();
+    EXPECT_LT(ProbeIntervalFor(io) + retries, io) << io.count();
+    // The largest exponent that fits is chosen (fewer spurious retransmits on a slow peer).
+    if (e < 20) {
+      EXPECT_GT(AckTimeoutFor(e + 1) * (kRetryCount + 1), io / 2) << io.count();
+    }
+  }
+  EXPECT_LT(kRetryCount, 7);  // rxe retries forever at 7
+  EXPECT_EQ(AckTimeoutExponentFor(milliseconds(8000)), 17);  // 537 ms per attempt, 3.8 s in all
+  EXPECT_EQ(AckTimeoutExponentFor(milliseconds(10)), 14);    // clamped: never below 67 ms
+  EXPECT_EQ(AckTimeoutExponentFor(milliseconds(3600000)), 20);
+  EXPECT_EQ(ProbeIntervalFor(milliseconds(8000)), milliseconds(2000));
+  EXPECT_EQ(ProbeIntervalFor(milliseconds(100)), milliseconds(100));
+  EXPECT_EQ(ProbeIntervalFor(milliseconds(3600000)), milliseconds(10000));
 }
 
 }  // namespace

@@ -107,8 +107,8 @@ ConformanceBackend RdmaBackend(std::string name, std::vector<std::string> args) 
   backend.name = std::move(name);
   const std::string address = RdmaTestAddress();
   backend.listen_uri = "rdma://" + (address.empty() ? std::string("127.0.0.1") : address) + ":0";
-  backend.listener_options.connect_timeout = 3s;
-  backend.dialer_options.connect_timeout = 3s;
+  backend.listener_options.connect_timeout = ::canopy::testing::ScaledBound(3s);
+  backend.dialer_options.connect_timeout = ::canopy::testing::ScaledBound(3s);
   backend.listener_options.backend_args = args;
   backend.dialer_options.backend_args = args;
   backend.skip_reason = DeviceSkipReason;

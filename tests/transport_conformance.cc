@@ -27,8 +27,8 @@ using namespace std::chrono_literals;
 using ::canopy::testing::TempDir;
 
 // Every blocking call in the suite is bounded by this; a backend that hangs
-// fails instead of stalling ctest.
-constexpr auto kIoLimit = 20s;
+// fails instead of stalling ctest (scaled under emulation: CANOPY_TEST_TIME_SCALE).
+const std::chrono::milliseconds kIoLimit = ::canopy::testing::ScaledBound(20s);
 Deadline IoDeadline() { return Deadline::After(kIoLimit); }
 
 // Runs `body` on its own thread. Join() waits at most `limit`; past it,

@@ -53,6 +53,21 @@ pid_t ForkChild(const std::function<int()>& body) {
   return pid;
 }
 
+double TestTimeScale() {
+  static const double scale = [] {
+    const char* env = std::getenv("CANOPY_TEST_TIME_SCALE");
+    if (env == nullptr || *env == '\0') return 1.0;
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    return end != env && *end == '\0' && v >= 1.0 && v <= 1000.0 ? v : 1.0;
+  }();
+  return scale;
+}
+
+std::chrono::milliseconds ScaledBound(std::chrono::milliseconds bound) {
+  return std::chrono::milliseconds(static_cast<int64_t>(static_cast<double>(bound.count()) * TestTimeScale()));
+}
+
 int WaitChild(pid_t pid, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;

@@ -37,6 +37,13 @@ pid_t ForkChild(const std::function<int()>& body);
 // timeout (the child is then SIGKILLed and reaped).
 int WaitChild(pid_t pid, std::chrono::milliseconds timeout);
 
+// Factor for a test's hang bounds (never for what a test measures or asserts about speed):
+// $CANOPY_TEST_TIME_SCALE, a number >= 1 (the rdma_vm tests set it in emulated guests, where
+// everything runs 10-50x slower), else 1. Values below 1 or unparsable ones count as 1.
+double TestTimeScale();
+// `bound` * TestTimeScale().
+std::chrono::milliseconds ScaledBound(std::chrono::milliseconds bound);
+
 // Path of a built binary next to the test binaries (CANOPY_BINARY_DIR/<rel>),
 // e.g. BinaryPath("tools/rcopy/rcopy").
 std::string BinaryPath(const std::string& relative);

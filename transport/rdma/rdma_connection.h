@@ -27,6 +27,7 @@
 #include <rdma/rdma_cma.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -42,6 +43,7 @@
 #include "base/result.h"
 #include "transport/rdma/connection_state.h"
 #include "transport/rdma/credits.h"
+#include "transport/rdma/keepalive.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/rdma/slot_pool.h"
 #include "transport/rdma/stream.h"
@@ -146,7 +148,8 @@ class RdmaConnection final : public Connection {
   void RefreshCreditsFromBlock();                           // REQUIRES: mu_
   Status PostRecv(uint32_t slot);                           // REQUIRES: mu_
   void RepostReleased(const std::vector<uint32_t>& slots);  // REQUIRES: mu_ (data slots)
-  void MaybeWriteCredits();                                 // REQUIRES: mu_
+  // Writes the credit counters when a report is due, or (force) whenever one can be posted.
+  void MaybeWriteCredits(bool force = false);               // REQUIRES: mu_
   void FailLocked(const Status& status);                    // REQUIRES: mu_
   uint32_t sq_room() const { return sq_depth_ - sq_outstanding_; }
 
@@ -201,6 +204,7 @@ class RdmaConnection final : public Connection {
   uint32_t sq_depth_ = 0;
   uint32_t max_reads_ = 0;
 
+  std::chrono::milliseconds probe_interval_{10000};
   std::thread progress_thread_;
   std::atomic<bool> stop_{false};
 

@@ -52,6 +52,15 @@ const char* WrKindName(uint64_t kind) {
 void RdmaConnection::ProgressLoop() {
   ibv_wc wcs[kPollBatch];
   unsigned idle = 0;
+  auto last_completion = std::chrono::steady_clock::now();
+  // Keepalive (rdma_connection.h, ProbeIntervalFor): nothing completed for a probe interval.
+  auto probe_if_quiet = [&] {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_completion < probe_interval_) return;
+    last_completion = now;
+    std::lock_guard<std::mutex> lock(mu_);
+    MaybeWriteCredits(/*force=*/true);
+  };
   while (!stop_.load(std::memory_order_relaxed)) {
     int n = ibv_poll_cq(cq_, kPollBatch, wcs);
     if (n < 0) {
@@ -73,6 +82,7 @@ void RdmaConnection::ProgressLoop() {
     }
     if (n > 0) {
       idle = 0;
+      last_completion = std::chrono::steady_clock::now();
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
@@ -86,6 +96,7 @@ void RdmaConnection::ProgressLoop() {
       // for a while so a shared core is not starved.
       if ((++idle & 1023) == 0) {
         HandleCmEvents();
+        probe_if_quiet();
         sched_yield();
       }
       continue;
@@ -109,6 +120,7 @@ void RdmaConnection::ProgressLoop() {
       }
     }
     if (fds[1].revents & POLLIN) HandleCmEvents();
+    probe_if_quiet();
     if (fds[2].revents & POLLIN) {
       uint64_t value = 0;
       (void)!read(wake_fd_.get(), &value, sizeof value);
@@ -180,7 +192,9 @@ void RdmaConnection::HandleCompletion(const ibv_wc& wc) {
         wc.status == IBV_WC_WR_FLUSH_ERR &&
         (closing_ || state_.state() == ConnState::kFailed || state_.state() == ConnState::kClosed);
     if (!expected_flush) {
-      FailLocked(Status::Unavailable(fmt::format("rdma: {} to {} failed: {} (status {}, vendor error {:#x})",
+      // Retries exhausted: the peer stopped acknowledging (powered off, unplugged, its port down).
+      const char* why = wc.status == IBV_WC_RETRY_EXC_ERR ? "the peer stopped answering: " : "";
+      FailLocked(Status::Unavailable(fmt::format("rdma: {}{} to {} failed: {} (status {}, vendor error {:#x})", why,
                                                  WrKindName(kind), peer_uri_, ibv_wc_status_str(wc.status),
                                                  static_cast<int>(wc.status), wc.vendor_err)));
     }
@@ -301,10 +315,13 @@ void RdmaConnection::RepostReleased(const std::vector<uint32_t>& slots) {
   if (!slots.empty()) MaybeWriteCredits();
 }
 
-void RdmaConnection::MaybeWriteCredits() {
+void RdmaConnection::MaybeWriteCredits(bool force) {
   if (peer_credit_addr_ == 0 || !state_.CheckAlive().ok()) return;
-  if (!data_returner_.ReportDue() && ctrl_returner_.unreported() == 0) return;
-  if (credit_writes_outstanding_ >= 2 || sq_room() == 0) return;  // retried on the next completion
+  if (!force && !data_returner_.ReportDue() && ctrl_returner_.unreported() == 0) return;
+  // Retried on the next completion. A forced write (keepalive) is not needed while one is
+  // outstanding: that one's retries notice a vanished peer just as well.
+  if (credit_writes_outstanding_ >= 2 || sq_room() == 0) return;
+  if (force && credit_writes_outstanding_ > 0) return;
   const uint32_t source = next_credit_source_;
   next_credit_source_ ^= 1;
   char* src = credit_source(source);

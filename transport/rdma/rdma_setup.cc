@@ -273,6 +273,15 @@ Status RdmaConnection::CreateResources(bool active) {
   if (int rc = ibv_query_device(id->verbs, &attr); rc != 0) return ErrnoStatus(rc, "rdma: ibv_query_device");
 
   const TransportOptions& base = options_.base;
+  // A peer that vanishes (host powered off, link gone) must surface as Unavailable within
+  // io_timeout: the keepalive probe (rdma_datapath.cc) goes out after io_timeout / 4 without a
+  // completion, and the QP gives up after retry_count + 1 unacknowledged attempts of the local
+  // ACK timeout each, so those together take at most io_timeout / 2.
+  probe_interval_ = ProbeIntervalFor(base.io_timeout);
+  uint8_t ack_timeout = AckTimeoutExponentFor(base.io_timeout);
+  if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout, sizeof ack_timeout) != 0) {
+    CANOPY_LOG(kDebug, "rdma: cannot set the ACK timeout ({}); the QP keeps the route's", std::strerror(errno));
+  }
   const uint32_t slot = options_.slot_bytes;
   data_depth_ = static_cast<uint32_t>(std::clamp<size_t>(base.buffer_bytes / slot, 8, 512));
   ctrl_depth_ = kCtrlDepth;
@@ -370,7 +379,7 @@ rdma_conn_param RdmaConnection::ConnParam() const {
   rdma_conn_param param{};
   param.responder_resources = RDMA_MAX_RESP_RES;
   param.initiator_depth = RDMA_MAX_INIT_DEPTH;
-  param.retry_count = 7;
+  param.retry_count = kRetryCount;
   // Credits guarantee a posted receive for every SEND; a few RNR retries only
   // cover a bug or a slow peer without hanging forever.
   param.rnr_retry_count = 6;
