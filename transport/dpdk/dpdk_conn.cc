@@ -95,7 +95,7 @@ uint64_t ConnState::retransmits() const {
 
 ConnState::Counters ConnState::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return Counters{frames_sent_, retransmits_, injected_drops_};
+  return Counters{frames_sent_, retransmits_, injected_drops_, loss_probes_, timeouts_};
 }
 
 template <typename Done>
@@ -549,6 +549,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
       if (it->sacked || it->lost || it->sent_ns == 0) continue;
       it->lost = true;  // resent below; not a loss episode for congestion control
       probe_sent_ = true;
+      ++loss_probes_;
       break;
     }
   }
@@ -565,6 +566,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
       }
     }
     if (backoff_ < 16) ++backoff_;
+    ++timeouts_;
     rto_deadline_ns_ = now + RtoNs();
     if (marked) OnLossLocked(true);
   }
@@ -646,7 +648,15 @@ Status ConnState::WaitEstablished(Deadline deadline) {
   }
 }
 
-Status ConnState::Write(const char* data, size_t n) {
+void ConnState::FlushFromApp() {
+  if (!poller_ || !poller_()) Wake();
+}
+
+Status ConnState::Write(const char* data, size_t n, bool flush) {
+  if (n == 0) {
+    if (flush) FlushFromApp();
+    return Status::Ok();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   uint64_t progress_ns = NowNanos();
   uint64_t seen_begin = snd_.begin();
@@ -659,11 +669,13 @@ Status ConnState::Write(const char* data, size_t n) {
       data += chunk;
       n -= chunk;
       progress_ns = NowNanos();
-      bool push = poller_ && snd_.end() - snd_nxt_ >= params_.mss;
+      const bool last = n == 0;
+      const bool push = poller_ && ((flush && last) || snd_.end() - snd_nxt_ >= params_.mss);
       lock.unlock();
-      // Run to completion: a full segment's worth goes out from this thread
-      // now (smaller writes wait for more bytes, or for the next poll).
-      if (!push || !poller_()) Wake();
+      // Run to completion: a full segment's worth, or the end of a flushing
+      // write, goes out from this thread now; the I/O thread is woken only
+      // when this thread could not send (or has no poller).
+      if (push ? !poller_() : (flush && last)) Wake();
       lock.lock();
       continue;
     }
@@ -680,6 +692,84 @@ Status ConnState::Write(const char* data, size_t n) {
                [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
   }
   return Status::Ok();
+}
+
+Status ConnState::WriteWith(size_t n, const Filler& fill) {
+  if (n == 0) {
+    FlushFromApp();
+    return Status::Ok();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t progress_ns = NowNanos();
+  uint64_t seen_begin = snd_.begin();
+  while (n > 0) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (!error_.ok()) return error_;
+    if (fin_queued_) return Status::Aborted("send after Shutdown");
+    if (snd_.space() > 0) {
+      // [end, end + room) is free ring space nobody else touches (the
+      // datapath reads only below end(), acks only move begin() up), so it
+      // is filled without the mutex.
+      const size_t room = std::min({n, snd_.space(), snd_.ContiguousFrom(snd_.end()), size_t{1} << 20});
+      char* dst = snd_.At(snd_.end());
+      lock.unlock();
+      Result<size_t> filled = fill(dst, room);
+      lock.lock();
+      if (!filled.ok()) return filled.status();
+      const size_t got = std::min(*filled, room);
+      if (got == 0) return Status::Internal("WriteWith: the filler produced no bytes");
+      snd_.AppendWith(got, [](char*, size_t, size_t) {});
+      n -= got;
+      progress_ns = NowNanos();
+      const bool push = poller_ && (n == 0 || snd_.end() - snd_nxt_ >= params_.mss);
+      lock.unlock();
+      if (push ? !poller_() : n == 0) Wake();
+      lock.lock();
+      continue;
+    }
+    uint64_t now = NowNanos();
+    if (snd_.begin() != seen_begin) {
+      seen_begin = snd_.begin();
+      progress_ns = now;
+    }
+    if (Since(now, progress_ns) >= Ns(params_.io_timeout)) {
+      return Status::Timeout("send made no progress for " + Ms(Since(now, progress_ns)) +
+                             " (peer not reading)");
+    }
+    WaitLocked(lock, Deadline::After(std::chrono::milliseconds(20)),
+               [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
+  }
+  return Status::Ok();
+}
+
+Result<size_t> ConnState::ReadWith(size_t max, const Drainer& drain, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (rcv_.size() > 0) {
+      // [begin, begin + len) stays put while unlocked: new in-order bytes
+      // land at end() (no Read buffer is posted meanwhile), out-of-order ones
+      // past it, and only this reader consumes.
+      const size_t len = std::min({max, rcv_.size(), rcv_.ContiguousFrom(rcv_.begin())});
+      const char* src = rcv_.At(rcv_.begin());
+      lock.unlock();
+      Result<size_t> drained = drain(src, len);
+      lock.lock();
+      if (!drained.ok()) return drained.status();
+      const size_t used = std::min(*drained, len);
+      if (used == 0) return Status::Internal("ReadWith: the drainer consumed no bytes");
+      rcv_.ConsumeTo(rcv_.begin() + used);
+      bool wake = rcv_.begin() + rcv_.capacity() >= advertised_edge_ + rcv_.capacity() / 4;
+      lock.unlock();
+      if (wake) Wake();
+      return used;
+    }
+    if (eof_) return Status::Closed("peer closed the connection");
+    if (!error_.ok()) return error_;
+    if (deadline.expired()) return Status::Timeout("receive deadline passed");
+    if (max == 0) return size_t{0};
+    WaitLocked(lock, deadline, [&] { return rcv_.size() > 0 || eof_ || !error_.ok() || app_closed_; });
+  }
 }
 
 Result<size_t> ConnState::Read(char* dst, size_t max, Deadline deadline) {

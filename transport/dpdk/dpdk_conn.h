@@ -57,6 +57,7 @@
 #include <string>
 
 #include "base/clock.h"
+#include "base/result.h"
 #include "base/status.h"
 #include "transport/dpdk/byte_ring.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -129,11 +130,29 @@ class ConnState {
   // Blocks until established (or failed / deadline). Dialler only.
   Status WaitEstablished(Deadline deadline);
   // Appends all of data to the send stream; blocks while the send buffer is
-  // full; Timeout when no space frees up for io_timeout.
-  Status Write(const char* data, size_t n);
+  // full; Timeout when no space frees up for io_timeout. With flush, what
+  // is buffered goes out now (this thread polls the port); without it, less
+  // than a segment's worth may wait for the next flushing Write (the caller
+  // promises one: e.g. a message header before its payload).
+  Status Write(const char* data, size_t n, bool flush = true);
+  // Write, but the bytes are produced straight into the send ring:
+  // fill(dst, len) writes 1..len bytes at dst and returns how many (or an
+  // error, returned as is). It runs without the connection's mutex (the
+  // datapath keeps going), so at most one Write / WriteWith at a time
+  // (REQUIRES: the caller serialises them). For file bulk: pread into the
+  // ring saves the copy through a buffer.
+  using Filler = std::function<Result<size_t>(char* dst, size_t len)>;
+  Status WriteWith(size_t n, const Filler& fill);
   // Reads 1..max bytes. Closed at the orderly end of stream; the connection's
   // error, Aborted after Abort, Timeout at the deadline.
   Result<size_t> Read(char* dst, size_t max, Deadline deadline);
+  // Read, but the received bytes are handed out in place:
+  // drain(src, len) consumes 1..len bytes at src (e.g. pwrite to a file) and
+  // returns how many, or an error (returned as is). It runs without the
+  // connection's mutex, so at most one Read / ReadWith at a time (REQUIRES:
+  // the caller serialises them). Returns the bytes consumed (1..max).
+  using Drainer = std::function<Result<size_t>(const char* src, size_t len)>;
+  Result<size_t> ReadWith(size_t max, const Drainer& drain, Deadline deadline);
   // Orderly end of the send stream (FIN after the buffered data). Idempotent.
   Status Shutdown();
   // After Shutdown: waits until the peer acknowledged everything and the FIN
@@ -169,6 +188,8 @@ class ConnState {
     uint64_t frames_sent = 0;
     uint64_t retransmits = 0;
     uint64_t injected_drops = 0;
+    uint64_t loss_probes = 0;  // tail loss probes sent
+    uint64_t timeouts = 0;     // retransmission timer expiries
   };
   Counters counters() const;
 
@@ -216,6 +237,9 @@ class ConnState {
   void Wake() const {
     if (wakeup_) wakeup_();
   }
+  // Sends what is buffered: polls the port from this thread, else wakes the
+  // I/O thread. Without the mutex.
+  void FlushFromApp();
 
   const ConnParams params_;
   mutable uint64_t fault_rng_;
@@ -267,6 +291,8 @@ class ConnState {
   uint64_t last_ack_ns_ = 0;  // when the peer last acked or SACKed new bytes
   bool probe_sent_ = false;   // a tail loss probe is out since then
   uint64_t frames_sent_ = 0;
+  uint64_t loss_probes_ = 0;
+  uint64_t timeouts_ = 0;
   mutable uint64_t injected_drops_ = 0;
 
   // Receive side.
