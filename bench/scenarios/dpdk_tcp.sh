@@ -255,7 +255,8 @@ loss_sample() {
     { bench_log "dpdk bench at drop $drop failed: $(head -c 500 <<<"$out") $(tail -n 3 "$work/client.log")"; return 1; }
   line=$(grep -a -o '[0-9]* frames sent, [0-9]* retransmitted, [0-9]* dropped by fault injection' "$work/client.log" | tail -n 1)
   [[ -n $line ]] || { bench_log "dpdk bench at drop $drop: no fault-injection account in its log"; return 1; }
-  jq -c --argjson r "$rep" --arg d "$drop" --arg l "$line" '{label: "bench dpdk:// fault_drop=\($d)", rep: $r,
+  jq -c --argjson r "$rep" --arg d "$drop" \
+    --arg l "$(grep -a -o '[0-9]* frames sent, .*' "$work/client.log" | tail -n 1)" '{label: "bench dpdk:// fault_drop=\($d)", rep: $r,
     result: .results[0], faults: $l}' <<<"$out" >> "$runs"
   echo "$(jq '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out") $(awk '{ print $4, $6 }' <<<"$line")"
 }

@@ -18,7 +18,9 @@ constexpr uint64_t kMaxRtoNs = 1000 * kMs;
 constexpr uint64_t kMinReorderWindowNs = 100'000;
 // Tail loss probe: nothing acked for max(2 srtt, this) with data in flight
 // resends the newest unSACKed segment, so the SACKs it draws let RACK find
-// earlier losses instead of waiting for the retransmission timer.
+// earlier losses instead of waiting for the retransmission timer. (A
+// srtt + 4 rttvar term, tried against late acks on a busy host, brought the
+// probe so close to the timer that timeouts went up instead.)
 constexpr uint64_t kMinProbeTimeoutNs = 200'000;
 constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
@@ -554,16 +556,19 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     }
   }
   if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
-    uint64_t rto = RtoNs();
+    // Resend the oldest segment not SACKed, not every segment older than
+    // the RTO: on a busy host most timeouts are a late ack (a peer that was
+    // not scheduled), and resending the window then doubled the bytes sent.
+    // The ack the resent segment draws dates it (tsecr), so RACK marks
+    // whatever was really lost before it.
     bool marked = false;
     for (Segment& s : inflight_) {
-      if (s.sacked || s.lost) continue;
-      if (s.sent_ns + rto <= now || !marked) {
+      if (s.sacked) continue;
+      if (!s.lost) {
         s.lost = true;
         marked = true;
-      } else if (!s.retransmitted) {
-        break;
       }
+      break;
     }
     if (backoff_ < 16) ++backoff_;
     ++timeouts_;

@@ -13,8 +13,9 @@
 //   - Loss recovery: RACK-style (a segment sent well before the newest one the
 //     peer has seen, per the echoed timestamp, and not SACKed is resent) and a
 //     retransmission timer (RFC 6298 estimator, exponential backoff).
-//     Only segments judged lost (or, on a timeout, sent more than an RTO ago)
-//     are resent, never whole windows; a tail loss probe (one segment after
+//     Only segments judged lost (or, on a timeout, the oldest unSACKed one,
+//     whose ack then lets RACK judge the rest) are resent, never whole
+//     windows; a tail loss probe (one segment after
 //     max(2 srtt, 200 us) without acks) draws the SACKs that let RACK see
 //     losses at the end of a burst without waiting for the timer.
 //   - Congestion control: a congestion window (slow start, then +1 MSS per
