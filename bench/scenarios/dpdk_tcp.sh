@@ -96,7 +96,8 @@ sample() {
   local scheme=$1 test=$2 size=$3 rep=$4 out t host port args=()
   if [[ $test == bw ]]; then t=$seconds; else t=$lat_seconds; fi
   if [[ $scheme == dpdk ]]; then
-    host=10.0.0.1 port=$dport args=(--transport-arg "$client_args")
+    # The resumed server (SIGCONT) may take seconds to answer ARP on a busy host.
+    host=10.0.0.1 port=$dport args=(--connect-timeout 20 --transport-arg "$client_args")
     kill -CONT "$dpdk_pid"
   else
     host=127.0.0.1 port=$tport
@@ -232,7 +233,7 @@ testpmd_sample() {
 fair_sample() {
   local rep=$1 out
   kill -CONT "$dpdk_pid"
-  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$fair_size" -P 2 \
+  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$fair_size" -P 2 --connect-timeout 20 \
     -t "$seconds" -n 100000000 --test bw --json --transport-arg "$client_args" 2> "$work/client.log") || true
   kill -STOP "$dpdk_pid"
   jq -e '.ok == true and (.streams | length) == 2 and ([.streams[] | length] | min) == 1' <<<"$out" > /dev/null 2>&1 ||
@@ -247,7 +248,7 @@ fair_sample() {
 loss_sample() {
   local drop=$1 rep=$2 out line
   kill -CONT "$dpdk_pid"
-  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$last" \
+  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$last" --connect-timeout 20 \
     -t "$seconds" -n 100000000 --test bw --json \
     --transport-arg "$client_args fault_drop=$drop fault_seed=$rep" 2> "$work/client.log") || true
   kill -STOP "$dpdk_pid"
