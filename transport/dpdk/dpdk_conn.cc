@@ -26,6 +26,8 @@ constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
 constexpr uint64_t kInitialCwndSegments = 32;
 constexpr uint64_t kMinCwndSegments = 16;
+// Losses beyond 1 in this many segments of a window are congestion.
+constexpr uint64_t kSparseLossDivisor = 32;
 constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
 // A blocked Read / Write polls the port itself until nothing moved for this
 // long; for the first kSpinNoYieldNs (a few round trips) without yielding the
@@ -448,7 +450,7 @@ void ConnState::CheckFinLocked() {
 void ConnState::DetectLossLocked() {
   loss_scan_ = false;
   uint64_t reo = std::max<uint64_t>(srtt_ns_ / 4, kMinReorderWindowNs);
-  bool found = false;
+  size_t found = 0;
   for (Segment& s : inflight_) {
     if (s.sent_ns + reo >= rack_ns_) {
       if (!s.retransmitted) break;  // everything after was sent later still
@@ -456,10 +458,10 @@ void ConnState::DetectLossLocked() {
     }
     if (!s.sacked && !s.lost && s.sent_ns != 0) {
       s.lost = true;
-      found = true;
+      ++found;
     }
   }
-  if (found) OnLossLocked(false);
+  if (found > 0) OnLossLocked(false, found);
 }
 
 void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
@@ -473,8 +475,22 @@ void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
   cwnd_ = std::min<uint64_t>(cwnd_, snd_.capacity());
 }
 
-void ConnState::OnLossLocked(bool timeout) {
+void ConnState::OnLossLocked(bool timeout, size_t newly_lost) {
   if (cwnd_ == 0) return;
+  if (!timeout) {
+    // Sparse loss (at most 1 in kSparseLossDivisor segments of a window, or
+    // a single one) is recovered without a cut: it is what a lossy link
+    // does at any rate, and cutting for it pins the window at the floor
+    // (sqrt(1 / loss) segments), so goodput would follow the RTT. A queue
+    // that overflows drops more than that in a window; so does a timeout.
+    if (snd_una_ >= loss_window_end_) {
+      loss_window_end_ = snd_nxt_;
+      window_losses_ = 0;
+    }
+    window_losses_ += newly_lost;
+    const uint64_t window_segments = std::max<uint64_t>(1, inflight_.size());
+    if (window_losses_ < 2 || window_losses_ * kSparseLossDivisor <= window_segments) return;
+  }
   if (!timeout && snd_una_ < recovery_end_) return;  // this window was already reduced
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
   // A timeout, or a standing queue (srtt 4x the minimum RTT), means the loss
@@ -573,7 +589,7 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     if (backoff_ < 16) ++backoff_;
     ++timeouts_;
     rto_deadline_ns_ = now + RtoNs();
-    if (marked) OnLossLocked(true);
+    if (marked) OnLossLocked(true, 1);
   }
 
   // Retransmissions first.

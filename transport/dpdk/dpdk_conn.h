@@ -20,11 +20,12 @@
 //     losses at the end of a burst without waiting for the timer.
 //   - Congestion control: a congestion window (slow start, then +1 MSS per
 //     window acked) bounds the bytes in the pipe (sent, not acked, not
-//     SACKed). A loss episode (at most one per window) halves it when the
+//     SACKed). Sparse loss (a single segment, or at most 1 in 32 of a
+//     window) is recovered without a cut, so a lossy link degrades smoothly.
+//     Beyond that a loss episode (at most one per window) halves it when the
 //     RTT shows a standing queue (srtt over 4x the minimum RTT: the loss is
-//     congestive) and takes 15% off otherwise (random loss on a short queue,
-//     so a lossy link degrades smoothly); a timeout halves it. Never below
-//     kMinCwndSegments segments.
+//     congestive) and takes 15% off otherwise; a timeout halves it. Never
+//     below kMinCwndSegments segments.
 //   - Zero-copy transmit: the port may point frames straight into the send
 //     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
@@ -230,8 +231,9 @@ class ConnState {
                   uint64_t now_ns);
   bool SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns);
   void DetectLossLocked();
-  // A loss episode starts (detected by RACK, or a timeout): shrinks cwnd_.
-  void OnLossLocked(bool timeout);
+  // newly_lost segments were judged lost (by RACK, or a timeout): shrinks
+  // cwnd_ unless the loss is sparse (see the top).
+  void OnLossLocked(bool timeout, size_t newly_lost);
   void OnAckedLocked(uint64_t acked_bytes, uint32_t mss);
   bool PeerAddressLocked(SegmentOutput& out, uint64_t now_ns);
   uint64_t RtoNs() const;
@@ -286,6 +288,8 @@ class ConnState {
   uint64_t cwnd_ = 0;  // 0 until the MSS is known
   uint64_t ssthresh_ = UINT64_MAX;
   uint64_t recovery_end_ = 0;  // no new reduction until snd_una_ passes this
+  uint64_t loss_window_end_ = 0;  // losses are counted per window, up to here
+  uint64_t window_losses_ = 0;
   uint64_t sacked_bytes_ = 0;  // bytes of inflight_ segments SACKed
   uint64_t min_rtt_ns_ = 0;
   uint64_t min_rtt_stamp_ns_ = 0;
