@@ -550,6 +550,47 @@ TEST(BenchCli, TinySweepJson) {
   EXPECT_NE(out.find("remote/receiver "), std::string::npos) << out;
 }
 
+// -P 2: two connections at once; the results are their sums and each
+// connection's own figures are in "streams".
+TEST(BenchCli, ParallelConnectionsReportEachAndTheSum) {
+  ServerProcess server;
+  ASSERT_FALSE(server.port().empty()) << "bench server did not start";
+  std::string out;
+  int rc = RunCommand("{ " + Bench() + " --json -P 2 --test bw --sizes 4K:8K -n 6 -t 0.2 --warmup 1 -p " +
+                          server.port() + " 127.0.0.1 2>/dev/null; }",
+                      &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "");
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["parallel"].get<int>(), 2);
+  ASSERT_EQ(j["streams"].size(), 2u);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    uint64_t bytes = 0;
+    double gbps = 0;
+    for (const auto& stream : j["streams"]) {
+      ASSERT_EQ(stream.size(), 2u);
+      EXPECT_EQ(stream[i]["size"], j["results"][i]["size"]);
+      EXPECT_GT(stream[i]["bw_bytes"].get<uint64_t>(), 0u);
+      bytes += stream[i]["bw_bytes"].get<uint64_t>();
+      gbps += stream[i]["bw_avg_gbps"].get<double>();
+    }
+    EXPECT_EQ(j["results"][i]["bw_bytes"].get<uint64_t>(), bytes);
+    EXPECT_DOUBLE_EQ(j["results"][i]["bw_avg_gbps"].get<double>(), gbps);
+  }
+  out.clear();
+  rc = RunCommand(Bench() + " -P 2 --test bw -s 4K -n 3 -t 0.05 -p " + server.port() + " 127.0.0.1", &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("4096 B stream 1: "), std::string::npos) << out;
+  EXPECT_NE(out.find("4096 B stream 2: "), std::string::npos) << out;
+  // Latency tests do not mix with parallel connections; -P is 1..64.
+  for (const char* args : {"-P 2 127.0.0.1", "-P 0 --test bw 127.0.0.1", "-P 65 --test bw 127.0.0.1"}) {
+    out.clear();
+    EXPECT_EQ(RunCommand("{ " + Bench() + " --json " + args + " 2>/dev/null; }", &out), 2) << args << ": " << out;
+    EXPECT_EQ(canopy::testing::JsonConforms(Schema(), out), "") << args;
+  }
+}
+
 // -R, --bidir, -i, --bytes, --omit and -a, each validated against the schema.
 // bench --server --metrics: clients served and the transport's totals in the
 // Prometheus text format.

@@ -75,40 +75,48 @@ Result<std::unique_ptr<Connection>> DialIn(const TransportOptions& options, cons
   }
 }
 
-// Server side of a copy: one message with `bulk` bytes, verified against the
+// Server side of a copy: `pieces` messages labelled `label` carrying
+// `bulk` bytes between them (equal parts), verified against the
 // deterministic source, answered with "ok", then the orderly end.
 int ServeCopy(const TransportOptions& options, const std::string& uri, size_t bulk, uint64_t seed,
-              int ready_fd) {
+              int ready_fd, const std::string& label = "copy", size_t pieces = 1) {
   auto listener = ListenIn(options, uri);
   if (!listener.ok()) return Fail("server listen", listener.status());
   (void)!write(ready_fd, "r", 1);
   auto conn = (*listener)->Accept(Deadline::After(20s));
   if (!conn.ok()) return Fail("server accept", conn.status());
-  auto msg = (*conn)->Receive(Deadline::After(20s));
-  if (!msg.ok()) return Fail("server receive", msg.status());
-  if (msg->payload != "copy" || msg->bulk_bytes != bulk)
-    return Fail("server", Status::Corruption("unexpected header"));
+  const size_t part = bulk / pieces;
   std::string got(bulk, '\0');
-  Status s = (*conn)->ReceiveBulk(BulkSink::ToMemory(got.data()), bulk, Deadline::After(30s));
-  if (!s.ok()) return Fail("server bulk", s);
+  for (size_t i = 0; i < pieces; ++i) {
+    auto msg = (*conn)->Receive(Deadline::After(20s));
+    if (!msg.ok()) return Fail("server receive", msg.status());
+    if (msg->payload != label || msg->bulk_bytes != part)
+      return Fail("server", Status::Corruption("unexpected header"));
+    Status s = (*conn)->ReceiveBulk(BulkSink::ToMemory(got.data() + i * part), part, Deadline::After(30s));
+    if (!s.ok()) return Fail("server bulk", s);
+  }
   if (got != RandomBytes(bulk, seed)) return Fail("server", Status::Corruption("bulk bytes differ"));
-  s = (*conn)->Send(2, "ok");
+  Status s = (*conn)->Send(2, "ok");
   if (!s.ok()) return Fail("server reply", s);
   auto end = (*conn)->Receive(Deadline::After(20s));
   if (end.status().code() != StatusCode::kClosed) return Fail("server end", end.status());
   return 0;
 }
 
-int ClientCopy(const TransportOptions& options, const std::string& uri, size_t bulk, uint64_t seed) {
+int ClientCopy(const TransportOptions& options, const std::string& uri, size_t bulk, uint64_t seed,
+               const std::string& label = "copy", size_t pieces = 1) {
   auto conn = DialIn(options, uri, 20s);
   if (!conn.ok()) return Fail("client connect", conn.status());
   const std::string data = RandomBytes(bulk, seed);
-  Status s = (*conn)->SendWithBulk(1, "copy", BulkSource::FromMemory(data));
-  if (!s.ok()) return Fail("client send", s);
+  const size_t part = bulk / pieces;
+  for (size_t i = 0; i < pieces; ++i) {
+    Status s = (*conn)->SendWithBulk(1, label, BulkSource::FromMemory(std::string_view(data).substr(i * part, part)));
+    if (!s.ok()) return Fail("client send", s);
+  }
   auto reply = (*conn)->Receive(Deadline::After(30s));
   if (!reply.ok()) return Fail("client reply", reply.status());
   if (reply->payload != "ok") return Fail("client", Status::Corruption("bad reply"));
-  s = (*conn)->Shutdown();
+  Status s = (*conn)->Shutdown();
   if (!s.ok()) return Fail("client shutdown", s);
   return 0;
 }
@@ -321,7 +329,8 @@ std::string NetnsUnavailable() {
 
 class VethTestbed {
  public:
-  VethTestbed() {
+  // mtu: of both veth ends (0: the kernel's default).
+  explicit VethTestbed(int mtu = 0) {
     std::string id = std::to_string(getpid());
     ns_a_ = "cdpdk" + id + "a";
     ns_b_ = "cdpdk" + id + "b";
@@ -331,6 +340,10 @@ class VethTestbed {
                       " type veth peer name " + if_b_ + "; ip link set " + if_a_ + " netns " + ns_a_ +
                       "; ip link set " + if_b_ + " netns " + ns_b_ + "; ip -n " + ns_a_ + " link set " +
                       if_a_ + " up; ip -n " + ns_b_ + " link set " + if_b_ + " up";
+    if (mtu > 0) {
+      cmd += "; ip -n " + ns_a_ + " link set " + if_a_ + " mtu " + std::to_string(mtu) + "; ip -n " + ns_b_ +
+             " link set " + if_b_ + " mtu " + std::to_string(mtu);
+    }
     ok_ = RunCommand(cmd, &output_) == 0;
   }
   ~VethTestbed() {
@@ -380,6 +393,48 @@ TEST(DpdkAfPacket, CopyOverVethBetweenNamespaces) {
   int ss = WaitChild(server, 10s);
   ExpectExitedZero(cs, "client");
   ExpectExitedZero(ss, "server");
+}
+
+// Jumbo frames on af_packet (framesz=16384 ring frames, veth MTU 9000), with
+// a 1 MiB send ring that wraps 16 times: 64 messages of an odd length (32-byte
+// frame header + 3-byte label + 256 KiB), each flushed, so segments start at
+// odd stream offsets and frames whose payload spans the wrap carry pieces of
+// odd length. Their UDP checksum must still be right, or the receiver drops
+// them on every retransmission and the copy stalls. The port must leave the
+// kernel interface's MTU alone.
+TEST(DpdkAfPacket, JumboFramesAcrossSendRingWrapsOverVeth) {
+  std::string why = NetnsUnavailable();
+  if (!why.empty()) GTEST_SKIP() << why;
+  VethTestbed bed(9000);
+  if (!bed.ok()) GTEST_SKIP() << "cannot build the veth testbed with MTU 9000 here: " << bed.output();
+  const std::string uri = "dpdk://10.9.0.1:" + std::to_string(kServerPort);
+  const size_t bulk = size_t{16} << 20;
+  const std::string label = "odd";
+  const std::string vdev_opts = ",framesz=16384,blocksz=16384";
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t server = ForkChild([&]() -> int {
+    if (EnterNetns(bed.ns_a_) != 0) return Fail("server", Status::IOError("setns"));
+    auto options = ChildOptions("ajs" + std::to_string(getpid()), "net_af_packet0,iface=" + bed.if_a_ + vdev_opts, 10s);
+    return ServeCopy(options, uri, bulk, 13, ready[1], label, 64);
+  });
+  EXPECT_TRUE(WaitReady(ready[0])) << "the server process did not come up";
+  close(ready[0]);
+  close(ready[1]);
+  pid_t client = ForkChild([&]() -> int {
+    if (EnterNetns(bed.ns_b_) != 0) return Fail("client", Status::IOError("setns"));
+    auto options = ChildOptions("ajc" + std::to_string(getpid()), "net_af_packet0,iface=" + bed.if_b_ + vdev_opts, 10s);
+    options.backend_args.push_back("ip=10.9.0.2");
+    options.max_inflight_bytes = 1 << 20;
+    return ClientCopy(options, uri, bulk, 13, label, 64);
+  });
+  int cs = WaitChild(client, 60s);
+  int ss = WaitChild(server, 10s);
+  ExpectExitedZero(cs, "client");
+  ExpectExitedZero(ss, "server");
+  std::string mtu;
+  ASSERT_EQ(RunCommand("ip netns exec " + bed.ns_a_ + " cat /sys/class/net/" + bed.if_a_ + "/mtu", &mtu), 0);
+  EXPECT_EQ(mtu.substr(0, mtu.find('\n')), "9000") << "the dpdk:// port changed the interface's MTU";
 }
 
 }  // namespace

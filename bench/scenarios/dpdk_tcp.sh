@@ -14,6 +14,12 @@
 # is stopped (SIGSTOP) while tcp:// and testpmd run, so its idle poller does
 # not take their core. Skips (77) when DPDK's EAL cannot start; when testpmd
 # cannot run only that comparison is left out (reason in details).
+# Also over dpdk://, per rep: two connections at once on the one memif port
+# (bench -P 2, one process; the slower one's Gbit/s against the faster one's),
+# and loss injection on the sending side (fault_drop=0.01 and 0.05 on the
+# client's frames): goodput against the same rep's lossless figure at the
+# largest size, and frames retransmitted against frames dropped (the client's
+# "N frames sent, R retransmitted, D dropped by fault injection" line).
 # Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
@@ -90,7 +96,8 @@ sample() {
   local scheme=$1 test=$2 size=$3 rep=$4 out t host port args=()
   if [[ $test == bw ]]; then t=$seconds; else t=$lat_seconds; fi
   if [[ $scheme == dpdk ]]; then
-    host=10.0.0.1 port=$dport args=(--transport-arg "$client_args")
+    # The resumed server (SIGCONT) may take seconds to answer ARP on a busy host.
+    host=10.0.0.1 port=$dport args=(--connect-timeout 20 --transport-arg "$client_args")
     kill -CONT "$dpdk_pid"
   else
     host=127.0.0.1 port=$tport
@@ -221,7 +228,43 @@ testpmd_sample() {
   echo "$pps"
 }
 
+# fair_sample REP -> "SLOWER FASTER" Gbit/s of the two connections of one
+# bench -P 2 over dpdk:// (both on the client's one memif port).
+fair_sample() {
+  local rep=$1 out
+  kill -CONT "$dpdk_pid"
+  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$fair_size" -P 2 --connect-timeout 20 \
+    -t "$seconds" -n 100000000 --test bw --json --transport-arg "$client_args" 2> "$work/client.log") || true
+  kill -STOP "$dpdk_pid"
+  jq -e '.ok == true and (.streams | length) == 2 and ([.streams[] | length] | min) == 1' <<<"$out" > /dev/null 2>&1 ||
+    { bench_log "dpdk bench -P 2 failed: $(head -c 500 <<<"$out") $(tail -n 3 "$work/client.log")"; return 1; }
+  jq -c --argjson r "$rep" '{label: "bench dpdk:// -P 2", rep: $r, result: .results[0],
+    streams: [.streams[][0] | {bw_avg_gbps, bw_bytes, bw_rounds}]}' <<<"$out" >> "$runs"
+  jq -r '[.streams[][0].bw_avg_gbps * 10000 | round / 10000] | "\(min) \(max)"' <<<"$out"
+}
+
+# loss_sample DROP REP -> "GBPS RETRANSMITTED DROPPED": bench bw over dpdk://
+# at the largest size with fault_drop=DROP on the client (the sender).
+loss_sample() {
+  local drop=$1 rep=$2 out line
+  kill -CONT "$dpdk_pid"
+  out=$(timeout 120 taskset -c "$client_cpu" "$bench" 10.0.0.1 --transport dpdk -p "$dport" -s "$last" --connect-timeout 20 \
+    -t "$seconds" -n 100000000 --test bw --json \
+    --transport-arg "$client_args fault_drop=$drop fault_seed=$rep" 2> "$work/client.log") || true
+  kill -STOP "$dpdk_pid"
+  jq -e '.ok == true and (.results | length) == 1' <<<"$out" > /dev/null 2>&1 ||
+    { bench_log "dpdk bench at drop $drop failed: $(head -c 500 <<<"$out") $(tail -n 3 "$work/client.log")"; return 1; }
+  line=$(grep -a -o '[0-9]* frames sent, [0-9]* retransmitted, [0-9]* dropped by fault injection' "$work/client.log" | tail -n 1)
+  [[ -n $line ]] || { bench_log "dpdk bench at drop $drop: no fault-injection account in its log"; return 1; }
+  jq -c --argjson r "$rep" --arg d "$drop" \
+    --arg l "$(grep -a -o '[0-9]* frames sent, .*' "$work/client.log" | tail -n 1)" '{label: "bench dpdk:// fault_drop=\($d)", rep: $r,
+    result: .results[0], faults: $l}' <<<"$out" >> "$runs"
+  echo "$(jq '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out") $(awk '{ print $4, $6 }' <<<"$line")"
+}
+
+fair_size=1048576
 declare -A bw_d bw_t
+fair_lo=() fair_hi=() loss_base=() loss1=() loss5=() retx1=() drop1=() retx5=() drop5=()
 lat_d50=() lat_t50=() lat_d99=() lat_t99=() tp=() tp_dpdk=() tp_failures=()
 last=${sizes[-1]}
 for ((rep = 1; rep <= reps; rep++)); do
@@ -256,6 +299,19 @@ for ((rep = 1; rep <= reps; rep++)); do
       bench_log "testpmd rep $rep try $try failed: $sample_note"
     done
   fi
+  if f=$(fair_sample "$rep"); then
+    read -r lo hi <<<"$f"
+    fair_lo+=("$lo") fair_hi+=("$hi")
+    line+="; -P 2: $lo / $hi Gbit/s"
+  fi
+  if [[ -n $d && $d != null ]] && l1=$(loss_sample 0.01 "$rep") && l5=$(loss_sample 0.05 "$rep"); then
+    read -r g r x <<<"$l1"
+    loss_base+=("$d") loss1+=("$g") retx1+=("$r") drop1+=("$x")
+    line+="; drop 1%: $g Gbit/s, $r retransmitted / $x dropped"
+    read -r g r x <<<"$l5"
+    loss5+=("$g") retx5+=("$r") drop5+=("$x")
+    line+="; drop 5%: $g Gbit/s, $r / $x"
+  fi
   bench_log "rep $rep/$reps: $line"
 done
 # Only reps where testpmd ran add a pair (dpdk:// largest size, testpmd) to the comparison.
@@ -272,6 +328,24 @@ comparisons=$(
     "dpdk://" "$(bench_samples "${lat_d50[@]}")" "tcp://" "$(bench_samples "${lat_t50[@]}")"
   bench_comparison "ping-pong latency p99, $lat_size B: dpdk:// (memif) vs tcp:// (127.0.0.1)" µs false \
     "dpdk://" "$(bench_samples "${lat_d99[@]}")" "tcp://" "$(bench_samples "${lat_t99[@]}")"
+  if ((${#fair_lo[@]} > 0)); then
+    bench_comparison "two dpdk:// connections at once on one memif port (bench -P 2, $fair_size B messages): the slower vs the faster" \
+      Gbit/s true "slower connection" "$(bench_samples "${fair_lo[@]}")" "faster connection" "$(bench_samples "${fair_hi[@]}")" \
+      0.8 "each connection within 20% of the other"
+  fi
+  if ((${#loss1[@]} > 0)); then
+    bench_comparison "dpdk:// goodput with 1% of the sender's frames dropped vs lossless ($last B messages, same rep)" \
+      Gbit/s true "fault_drop=0.01" "$(bench_samples "${loss1[@]}")" "lossless" "$(bench_samples "${loss_base[@]}")" \
+      0.8 "goodput at 1% drop at least 0.8x lossless"
+    bench_comparison "dpdk:// goodput with 5% of the sender's frames dropped vs lossless ($last B messages, same rep)" \
+      Gbit/s true "fault_drop=0.05" "$(bench_samples "${loss5[@]}")" "lossless" "$(bench_samples "${loss_base[@]}")"
+    bench_comparison "dpdk:// at 1% drop: frames retransmitted vs frames dropped by fault injection" frames false \
+      "retransmitted" "$(bench_samples "${retx1[@]}")" "dropped" "$(bench_samples "${drop1[@]}")" \
+      0.6667 "frames retransmitted at most 1.5x frames dropped"
+    bench_comparison "dpdk:// at 5% drop: frames retransmitted vs frames dropped by fault injection" frames false \
+      "retransmitted" "$(bench_samples "${retx5[@]}")" "dropped" "$(bench_samples "${drop5[@]}")" \
+      0.6667 "frames retransmitted at most 1.5x frames dropped"
+  fi
   if ((${#tp[@]} > 0)); then
     bench_comparison "dpdk:// bench ($last B messages) vs raw testpmd txonly -> rxonly, $frame B frames on memif (Gbit/s of $mss B stream payload per frame)" \
       Gbit/s true "dpdk:// bench" "$(bench_samples "${tp_dpdk[@]}")" "testpmd (raw frames)" "$(bench_samples "${tp[@]}")"
@@ -294,7 +368,7 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
   --argjson lat_seconds "$lat_seconds" --argjson reps "$reps" --argjson cpus "$(nproc)" --arg cores "$cores_note" \
   --arg mtu "${mtu:-}" --arg mss "${mss:-}" --argjson frame "$frame" --arg tp_note "$testpmd_note" \
   --argjson tp_failures "$( ((${#tp_failures[@]})) && printf '%s\n' "${tp_failures[@]}" | jq -R . | jq -s -c . || echo '[]')" \
-  --arg eal "$eal" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
+  --argjson fair_size "$fair_size" --arg eal "$eal" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
   '{scenario: "dpdk_tcp",
     title: "dpdk:// (memif) vs tcp:// (loopback): bandwidth, latency, and vs raw testpmd frames",
     path: "dpdk://: two processes on this host over a net_memif shared-memory port pair (DPDK --no-huge --no-pci, no NIC), canopy reliable stream over Ethernet/IPv4/UDP frames; tcp://127.0.0.1: kernel loopback (same-host TCP, no NIC); testpmd: the same kind of memif pair, raw frames",
@@ -304,7 +378,8 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
              dpdk_mss: (if $mss == "" then null else ($mss | tonumber) end),
              testpmd_frame_bytes: (if $frame > 0 then $frame else null end),
              testpmd: "dpdk-testpmd --forward-mode=txonly --txpkts=<frame> (memif client) -> --forward-mode=rxonly (memif server), --stats-period 1, mean Rx-pps of the full periods",
-             order: "per rep: lat dpdk, lat tcp; per size dpdk, tcp (the largest size: tcp, dpdk, then testpmd)",
+             order: "per rep: lat dpdk, lat tcp; per size dpdk, tcp (the largest size: tcp, dpdk, then testpmd); dpdk -P 2; dpdk at fault_drop 0.01, then 0.05",
+             parallel_message_bytes: $fair_size,
              metric: "decimal Gbit/s: bench bw_avg_gbps (all bytes / all round time); latency: bench lat_p50_us / lat_p99_us; testpmd: Rx-pps * MSS * 8 / 1e9 (the stream bytes those frames carry for canopy)"},
     comparisons: $comparisons,
     sweeps: $sweeps,

@@ -10,12 +10,19 @@
 # net_af_packet on the same veth ends, frames of the dpdk:// port's MTU + 14,
 # counted as the MSS of stream payload each (the idle dpdk:// server is
 # stopped meanwhile; testpmd's forwarding lcores pinned like the bench sides).
-# Decimal Gbit/s, receiver side. Needs root (namespaces). Contract: bench/lib.sh.
+# And rcopy of one file tmpfs -> tmpfs over dpdk:// (net_af_packet) versus
+# rcopy over tcp:// across the same veth (each rcopy a fresh process, so the
+# dpdk:// figure includes the EAL's start; the idle DPDK servers not in use
+# are stopped). dpdk:// runs jumbo frames on af_packet (framesz=16384: MTU
+# 9000 like the veth). Decimal Gbit/s, receiver side. Needs root
+# (namespaces). Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
 bench=$BENCH_BUILD/tools/bench/bench
 [[ -x $bench ]] || { bench_log "$bench not built"; exit 1; }
+rcopy=$BENCH_BUILD/tools/rcopy/rcopy
+[[ -x $rcopy ]] || { bench_log "$rcopy not built"; exit 1; }
 [[ $(id -u) -eq 0 ]] || bench_skip "needs root to create network namespaces (ip netns add)"
 command -v ip > /dev/null || bench_skip "ip (iproute2) missing"
 bench_need_peer iperf3 iperf3 || bench_skip "iperf3 missing and cannot be installed (apt-get install iperf3 needs root)"
@@ -23,6 +30,7 @@ reps=${BENCH_REPS:-3}
 secs=$(bench_pick 0.3 1 3)
 msg=1M
 dpdk_msg=64K
+rc_mib=$(bench_pick 16 256 1024)
 
 prefix=cbv$((RANDOM % 90000 + 10000))
 ns_a=$prefix-a ns_b=$prefix-b if_a=$prefix-va if_b=$prefix-vb
@@ -66,15 +74,40 @@ for ((i = 0; i < 100; i++)); do
 done
 
 # DPDK over net_af_packet on the same veth (its own addresses on that wire).
+# Ring frames of 16 KiB carry jumbo frames (the dpdk:// port takes the veth's
+# MTU, 9000, and its mbufs follow framesz).
 dpdk_ok=1 dpdk_reason=""
 eal="--no-huge -m 512 --no-pci --log-level=lib.eal:warning"
+af_opts="framesz=16384,blocksz=16384"
 start_in "$ns_a" bench-dpdk "$bench" --server --transport dpdk --bind 10.9.1.1 -p 0 --port-file "$work/dpdk.port" \
-  --transport-arg "$eal --file-prefix=$prefix-s --vdev=net_af_packet0,iface=$if_a"
+  --transport-arg "$eal --file-prefix=$prefix-s --vdev=net_af_packet0,iface=$if_a,$af_opts"
 dpdk_srv_pid=${pids[-1]}
 if ! bench_wait_file "$work/dpdk.port" 20; then
   dpdk_ok=0
   dpdk_reason="dpdk:// server over net_af_packet did not start: $(tail -n 3 "$work/bench-dpdk.err" | tr '\n' ' ')"
   bench_log "$dpdk_reason"
+fi
+
+# rcopy servers in namespace a: tcp:// on the kernel address, dpdk:// on its own
+# address over af_packet (stopped, SIGSTOP, except while its own samples run:
+# every af_packet socket on the veth sees every frame).
+rc_mib=$(bench_fit_mib "$rc_mib" 4) || bench_skip "no room under $BENCH_WORK for the rcopy file and its copies"
+rc_src=$work/rcopy-src.bin
+bench_random_file "$rc_src" "$rc_mib"
+mkdir -p "$work/rc-tcp" "$work/rc-dpdk"
+start_in "$ns_a" rcopy-tcp "$rcopy" --server -q --root "$work/rc-tcp" --bind "$ip_a" -p 0 --port-file "$work/rc-tcp.port"
+bench_wait_file "$work/rc-tcp.port" 10 || { bench_log "rcopy server did not start: $(cat "$work/rcopy-tcp.err")"; exit 1; }
+rc_dpdk_ok=$dpdk_ok rc_dpdk_reason="" rc_dpdk_pid=""
+if ((rc_dpdk_ok)); then
+  start_in "$ns_a" rcopy-dpdk "$rcopy" --server -q --root "$work/rc-dpdk" --transport dpdk --bind 10.9.1.3 -p 0 \
+    --port-file "$work/rc-dpdk.port" --transport-arg "$eal --file-prefix=$prefix-rs --vdev=net_af_packet0,iface=$if_a,$af_opts"
+  rc_dpdk_pid=${pids[-1]}
+  if bench_wait_file "$work/rc-dpdk.port" 20; then
+    kill -STOP "$rc_dpdk_pid" 2>/dev/null || true
+  else
+    rc_dpdk_ok=0 rc_dpdk_reason="rcopy --server over dpdk:// did not start: $(tail -n 3 "$work/rcopy-dpdk.err" | tr '\n' ' ')"
+    bench_log "$rc_dpdk_reason"
+  fi
 fi
 
 bench_split_cores || true
@@ -94,13 +127,16 @@ port_mtu() {
 # (mean of the full stats periods after the first one with frames); 1 on failure.
 tp_af_sample() {
   local rep=$1 rx tx deadline pps i
+  # The same ring frames as dpdk://; testpmd's mbufs must hold one (--mbuf-size
+  # before --txpkts, which testpmd checks against it).
   ip netns exec "$ns_a" timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$prefix-tprx$rep" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_af_packet0,iface=$if_a" -- \
-    --forward-mode=rxonly --stats-period 1 --nb-cores=1 --total-num-mbufs=8192 < /dev/null > "$work/tp.rx.$rep.log" 2>&1 &
+    --file-prefix="$prefix-tprx$rep" --lcores="0@$client_cpu,1@$server_cpu" --vdev="net_af_packet0,iface=$if_a,$af_opts" -- \
+    --forward-mode=rxonly --stats-period 1 --nb-cores=1 --total-num-mbufs=4096 --mbuf-size=16512 \
+    < /dev/null > "$work/tp.rx.$rep.log" 2>&1 &
   rx=$!
   ip netns exec "$ns_b" timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
-    --file-prefix="$prefix-tptx$rep" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_af_packet0,iface=$if_b" -- \
-    --forward-mode=txonly --txpkts=$((dpdk_mtu + 14)) --stats-period 1 --nb-cores=1 --total-num-mbufs=8192 \
+    --file-prefix="$prefix-tptx$rep" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_af_packet0,iface=$if_b,$af_opts" -- \
+    --forward-mode=txonly --total-num-mbufs=4096 --mbuf-size=16512 --txpkts=$((dpdk_mtu + 14)) --stats-period 1 --nb-cores=1 \
     < /dev/null > "$work/tp.tx.$rep.log" 2>&1 &
   tx=$!
   deadline=$((SECONDS + 20))
@@ -127,6 +163,19 @@ tp_af_sample() {
 
 runs=$work/runs.jsonl
 : > "$runs"
+
+# rcopy_sample LABEL NS DEST ARGS... -> Gbit/s as rcopy reports it (bytes over
+# its whole run, the transport's start included); the JSON goes to runs.
+rcopy_sample() {
+  local label=$1 ns=$2 dest=$3 out; shift 3
+  out=$(ip netns exec "$ns" timeout 120 "$rcopy" --json "$@" "$rc_src" "$dest" 2> "$work/rcopy-client.err") ||
+    { bench_log "rcopy $label failed: $(head -c 400 <<<"$out") $(tail -n 3 "$work/rcopy-client.err")"; return 1; }
+  jq -e '.ok == true' <<<"$out" > /dev/null || { bench_log "rcopy $label failed: $out"; return 1; }
+  jq -c --arg l "$label" --argjson r "$rep" '{label: $l, rep: $r, rcopy: (. | del(.files))}' <<<"$out" >> "$runs"
+  rm -f "$work/rc-tcp/copy" "$work/rc-dpdk/copy"
+  jq -r '.gbit_per_s * 10000 | round / 10000' <<<"$out"
+}
+
 # bench_bw NS LABEL ARGS... -> bw_avg_gbps; bytes sent land in $work/last.bytes.
 bench_bw() {
   local ns=$1 label=$2 out; shift 2
@@ -138,7 +187,7 @@ bench_bw() {
   jq -r '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out"
 }
 
-bt=() ip3=() bd=() btd=() tpd=() tpr=() tp_failures=()
+bt=() ip3=() bd=() btd=() tpd=() tpr=() tp_failures=() rct=() rcd=()
 for ((rep = 1; rep <= reps; rep++)); do
   bt+=("$(bench_bw "$ns_b" "bench tcp:// -s $msg" -p "$tcp_port" -s "$msg" -t "$secs" "$ip_a")")
   nbytes=$(cat "$work/last.bytes")
@@ -170,7 +219,23 @@ for ((rep = 1; rep <= reps; rep++)); do
     fi
     kill -CONT "$dpdk_srv_pid" 2>/dev/null || true
   fi
-  bench_log "rep $rep/$reps Gbit/s: bench tcp ${bt[-1]} / iperf3 ${ip3[-1]}${bd:+, dpdk ${bd[-1]} / tcp ${btd[-1]} at $dpdk_msg}${tpr:+, testpmd ${tpr[-1]}}"
+  if ((rc_dpdk_ok)); then
+    # rcopy tcp://, then dpdk:// with only its own DPDK server running.
+    if t=$(rcopy_sample "rcopy tcp://" "$ns_b" "$ip_a:copy" -p "$(cat "$work/rc-tcp.port")"); then
+      kill -STOP "$dpdk_srv_pid" 2>/dev/null || true
+      kill -CONT "$rc_dpdk_pid" 2>/dev/null || true
+      if d=$(rcopy_sample "rcopy dpdk://" "$ns_b" "10.9.1.3:copy" --transport dpdk -p "$(cat "$work/rc-dpdk.port")" \
+          --transport-arg "$eal --file-prefix=$prefix-rc$rep --vdev=net_af_packet0,iface=$if_b,$af_opts ip=10.9.1.4"); then
+        rct+=("$t") rcd+=("$d")
+      else
+        rc_dpdk_ok=0 rc_dpdk_reason="rcopy over dpdk:// failed on rep $rep: $(tail -n 3 "$work/rcopy-client.err" | tr '\n' ' ')"
+        rct=() rcd=()
+      fi
+      kill -STOP "$rc_dpdk_pid" 2>/dev/null || true
+      kill -CONT "$dpdk_srv_pid" 2>/dev/null || true
+    fi
+  fi
+  bench_log "rep $rep/$reps Gbit/s: bench tcp ${bt[-1]} / iperf3 ${ip3[-1]}${bd:+, dpdk ${bd[-1]} / tcp ${btd[-1]} at $dpdk_msg}${tpr:+, testpmd ${tpr[-1]}}${rcd:+, rcopy dpdk ${rcd[-1]} / tcp ${rct[-1]}}"
 done
 
 comparisons=$(
@@ -181,6 +246,11 @@ comparisons=$(
     bench_comparison "dpdk:// (net_af_packet) vs tcp:// over the same veth, 64 KiB messages" Gbit/s true \
       "bench dpdk:// -s 64K" "$(bench_samples "${bd[@]}")" "bench tcp:// -s 64K" "$(bench_samples "${btd[@]}")"
   fi
+  if ((${#rcd[@]} > 0)); then
+    bench_comparison "rcopy dpdk:// (net_af_packet) vs rcopy tcp:// over the same veth, one $rc_mib MiB file tmpfs -> tmpfs" \
+      Gbit/s true "rcopy dpdk://" "$(bench_samples "${rcd[@]}")" "rcopy tcp://" "$(bench_samples "${rct[@]}")" \
+      1.0 "rcopy over dpdk:// at least as fast as over tcp://"
+  fi
   if ((${#tpr[@]} > 0)); then
     bench_comparison "dpdk:// bench (64 KiB messages) vs raw testpmd txonly -> rxonly, net_af_packet on the same veth (Gbit/s of ${dpdk_mss} B stream payload per frame)" \
       Gbit/s true "bench dpdk:// -s 64K" "$(bench_samples "${tpd[@]}")" "testpmd (raw frames)" "$(bench_samples "${tpr[@]}")"
@@ -190,18 +260,21 @@ comparisons=$(jq -s -c . <<<"$comparisons")
 
 jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --argjson reps "$reps" --argjson secs "$secs" \
   --argjson mtu "$mtu" --arg dpdk_reason "$dpdk_reason" --argjson cpus "$(nproc)" \
-  --arg tp_reason "$tp_reason" \
+  --arg tp_reason "$tp_reason" --arg dpdk_mtu "$dpdk_mtu" --arg af_opts "$af_opts" --argjson rc_mib "$rc_mib" \
+  --arg rc_reason "$rc_dpdk_reason" \
   --argjson tp_failures "$( ((${#tp_failures[@]})) && printf '%s\n' "${tp_failures[@]}" | jq -R . | jq -s -c . || echo '[]')" \
   --arg iperf "$(iperf3 --version | head -n 1)" '
   {scenario: "veth_paths",
    title: "Off loopback: tcp:// and dpdk:// across a veth pair between two network namespaces",
-   path: "veth pair between two network namespaces created by the scenario (kernel TCP/IP on both ends, no loopback short-circuit; dpdk:// through net_af_packet on the same veth ends, frames of 1500 bytes)",
-   params: {veth_mtu_tcp: $mtu, dpdk_frame_mtu: 1500, seconds_per_sample: $secs, reps: $reps, cpus: $cpus,
-            order: "per rep: bench tcp 1M, iperf3 1M (same bytes), bench dpdk 64K, bench tcp 64K, testpmd txonly -> rxonly (af_packet)",
+   path: "veth pair between two network namespaces created by the scenario (kernel TCP/IP on both ends, no loopback short-circuit; dpdk:// through net_af_packet on the same veth ends, frames of the dpdk:// port MTU)",
+   params: {veth_mtu_tcp: $mtu, dpdk_port_mtu: (if $dpdk_mtu == "" then null else ($dpdk_mtu | tonumber) end),
+            af_packet_options: $af_opts, rcopy_file_mib: $rc_mib, seconds_per_sample: $secs, reps: $reps, cpus: $cpus,
+            order: "per rep: bench tcp 1M, iperf3 1M (same bytes), bench dpdk 64K, bench tcp 64K, testpmd txonly -> rxonly (af_packet), rcopy tcp, rcopy dpdk",
             metric: "decimal Gbit/s: bench bw_avg_gbps, iperf3 end.sum_received"},
    comparisons: $comparisons,
    details: ({iperf3_version: $iperf, runs: $runs, testpmd_failed_tries: $tp_failures}
              + (if $dpdk_reason != "" then {dpdk_not_measured: $dpdk_reason} else {} end)
-             + (if $tp_reason != "" then {testpmd_left_out: $tp_reason} else {} end))}' \
+             + (if $tp_reason != "" then {testpmd_left_out: $tp_reason} else {} end)
+             + (if $rc_reason != "" then {rcopy_dpdk_not_measured: $rc_reason} else {} end))}' \
   > "$BENCH_OUT"
 bench_log "wrote $BENCH_OUT"

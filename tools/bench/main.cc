@@ -2,7 +2,7 @@
 //
 //   bench --server [-p PORT] [--bind ADDR] [--transport T] [-a CPU] [--max-duration S] [--max-clients N]
 //   bench HOST [-p PORT] [--transport T] [-s SIZE | --sizes MIN:MAX] [-n N] [-t SEC] [--bytes B]
-//              [--warmup N] [--omit SEC] [-i SEC] [-R | --bidir] [-a CPU] [--json]
+//              [--warmup N] [--omit SEC] [-i SEC] [-R | --bidir] [-P N] [-a CPU] [--json]
 //
 // Exit status: 0 success, 1 the benchmark failed, 2 bad usage. With --json,
 // stdout is exactly one JSON document in every case (tools/bench/bench.schema.json).
@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/program_options.hpp>
@@ -238,6 +239,44 @@ CpuUsage SumCpu(const std::vector<CpuUsage>& parts) {
   return out;
 }
 
+DirectionResult SumDirection(const DirectionResult& a, const DirectionResult& b) {
+  DirectionResult out;
+  out.messages = a.messages + b.messages;
+  out.bytes = a.bytes + b.bytes;
+  out.seconds = std::max(a.seconds, b.seconds);
+  out.peak_gbps = a.peak_gbps + b.peak_gbps;
+  out.avg_gbps = a.avg_gbps + b.avg_gbps;
+  return out;
+}
+
+// The sizes every stream completed, each the sum over the streams: bytes,
+// messages, rounds and Gbit/s add up (the streams ran at the same time);
+// seconds are the longest stream's; CPU is the process's (any stream's).
+std::vector<SizeResult> AggregateStreams(const std::vector<std::vector<SizeResult>>& streams) {
+  size_t sizes = SIZE_MAX;
+  for (const auto& s : streams) sizes = std::min(sizes, s.size());
+  std::vector<SizeResult> out;
+  for (size_t i = 0; i < sizes && !streams.empty(); ++i) {
+    SizeResult sum = streams[0][i];
+    for (size_t k = 1; k < streams.size(); ++k) {
+      const SizeResult& r = streams[k][i];
+      sum.bw_iterations += r.bw_iterations;
+      sum.bw_omitted_rounds += r.bw_omitted_rounds;
+      sum.bw_messages += r.bw_messages;
+      sum.bw_bytes += r.bw_bytes;
+      sum.bw_seconds = std::max(sum.bw_seconds, r.bw_seconds);
+      sum.bw_peak_gbps += r.bw_peak_gbps;
+      sum.bw_avg_gbps += r.bw_avg_gbps;
+      sum.msg_rate_mmps += r.msg_rate_mmps;
+      sum.forward = SumDirection(sum.forward, r.forward);
+      sum.reverse = SumDirection(sum.reverse, r.reverse);
+    }
+    sum.intervals.clear();
+    out.push_back(sum);
+  }
+  return out;
+}
+
 int RunClient(const po::variables_map& vm) {
   const bool json = vm.count("json") > 0;
   const bool quiet = vm.count("quiet") > 0;
@@ -311,6 +350,11 @@ int RunClient(const po::variables_map& vm) {
   if (!(connect_timeout > 0)) return UsageError("--connect-timeout must be > 0", json);
   options.transport.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout * 1000));
 
+  const int64_t parallel_arg = vm["parallel"].as<int64_t>();
+  if (parallel_arg < 1 || parallel_arg > 64) return UsageError("-P/--parallel must be 1..64", json);
+  const size_t parallel = static_cast<size_t>(parallel_arg);
+  if (parallel > 1 && options.latency) return UsageError("-P/--parallel above 1 needs --test bw", json);
+
   const std::string direction(DirectionName(options.direction));
   const bool table = !json && !quiet;
   if (table) {
@@ -325,8 +369,10 @@ int RunClient(const po::variables_map& vm) {
     options.on_interval = [](uint64_t size, const IntervalResult& i) { std::cout << IntervalRow(size, i) << std::flush; };
   }
   std::vector<SizeResult> done;
-  auto results = RunSweep(options, [&](const SizeResult& r) {
-    done.push_back(r);
+  // -P N: N connections at once, one sweep each on its own thread; `done`
+  // gets the sizes every stream completed, summed (AggregateStreams).
+  std::vector<std::vector<SizeResult>> stream_results(parallel);
+  auto print_row = [&](const SizeResult& r) {
     if (!table) return;
     std::cout << TableRow(r);
     if (options.bandwidth && options.direction == Direction::kBidir) {
@@ -334,7 +380,38 @@ int RunClient(const po::variables_map& vm) {
                                r.size, r.forward.avg_gbps, r.reverse.avg_gbps, r.forward.avg_gbps + r.reverse.avg_gbps);
     }
     std::cout << std::flush;
-  });
+  };
+  canopy::Result<std::vector<SizeResult>> results = std::vector<SizeResult>{};
+  if (parallel == 1) {
+    results = RunSweep(options, [&](const SizeResult& r) {
+      done.push_back(r);
+      print_row(r);
+    });
+  } else {
+    options.on_interval = nullptr;  // intervals of N streams would interleave
+    std::vector<canopy::Result<std::vector<SizeResult>>> outcomes(parallel, std::vector<SizeResult>{});
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < parallel; ++k) {
+      threads.emplace_back([&, k] {
+        outcomes[k] = RunSweep(options, [&, k](const SizeResult& r) { stream_results[k].push_back(r); });
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t k = 0; k < parallel && results.ok(); ++k) {
+      if (!outcomes[k].ok()) results = outcomes[k].status().WithContext(fmt::format("stream {} of {}", k + 1, parallel));
+    }
+    done = AggregateStreams(stream_results);
+    for (const SizeResult& r : done) {
+      print_row(r);
+      if (!table) continue;
+      for (size_t k = 0; k < parallel; ++k) {
+        const SizeResult& s = stream_results[k][&r - done.data()];
+        std::cout << fmt::format("#   {} B stream {}: {:.3f} Gbit/s, {} rounds\n", s.size, k + 1, s.bw_avg_gbps,
+                                 s.bw_iterations);
+      }
+    }
+    if (results.ok()) results = done;
+  }
 
   // CPU over the whole run: bandwidth tests when they ran, else latency.
   std::vector<CpuUsage> local_parts, remote_parts;
@@ -400,6 +477,16 @@ int RunClient(const po::variables_map& vm) {
       rows.push_back(ResultJson(r, options.bandwidth, options.latency, interval > 0));
     }
     j["results"] = rows;
+    j["parallel"] = parallel;
+    if (parallel > 1) {
+      nlohmann::json streams = nlohmann::json::array();
+      for (const std::vector<SizeResult>& one : stream_results) {
+        nlohmann::json list = nlohmann::json::array();
+        for (const SizeResult& r : one) list.push_back(ResultJson(r, options.bandwidth, options.latency, false));
+        streams.push_back(list);
+      }
+      j["streams"] = streams;
+    }
     j["cpu_utilization"] = {{"test", options.bandwidth ? "bandwidth" : "latency"},
                             {"local_role", local_role},
                             {"remote_role", remote_role},
@@ -454,6 +541,10 @@ int main(int argc, char** argv) {
       ("interval,i", po::value<double>(), "bandwidth test: report every this many seconds (JSON: \"intervals\")")
       ("reverse,R", "reverse: the server sends, the client receives and measures")
       ("bidir", "both directions at once; reports each direction and the sum")
+      ("parallel,P", po::value<int64_t>()->default_value(1),
+       "run N connections to the server at once, one thread each (bandwidth test only: --test bw); the "
+       "results are their sums per size, each connection's own figures are in \"streams\" (JSON) or "
+       "'stream K' lines")
       ("test", po::value<std::string>()->default_value("all"), "bw (bandwidth + message rate), lat (latency) or all")
       ("bulk", "send payloads on the bulk path (SendWithBulk) instead of as frame payloads")
       ("json", "print one JSON document on stdout instead of the table, also on failure (\"ok\": false, "

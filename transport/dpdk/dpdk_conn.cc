@@ -18,12 +18,16 @@ constexpr uint64_t kMaxRtoNs = 1000 * kMs;
 constexpr uint64_t kMinReorderWindowNs = 100'000;
 // Tail loss probe: nothing acked for max(2 srtt, this) with data in flight
 // resends the newest unSACKed segment, so the SACKs it draws let RACK find
-// earlier losses instead of waiting for the retransmission timer.
+// earlier losses instead of waiting for the retransmission timer. (A
+// srtt + 4 rttvar term, tried against late acks on a busy host, brought the
+// probe so close to the timer that timeouts went up instead.)
 constexpr uint64_t kMinProbeTimeoutNs = 200'000;
 constexpr uint64_t kHandshakeFirstNs = 50 * kMs;
 constexpr uint64_t kHandshakeMaxNs = 1000 * kMs;
 constexpr uint64_t kInitialCwndSegments = 32;
 constexpr uint64_t kMinCwndSegments = 16;
+// Losses beyond 1 in this many segments of a window are congestion.
+constexpr uint64_t kSparseLossDivisor = 32;
 constexpr uint64_t kMinRttWindowNs = 10'000 * kMs;  // the minimum RTT is re-learnt this often
 // A blocked Read / Write polls the port itself until nothing moved for this
 // long; for the first kSpinNoYieldNs (a few round trips) without yielding the
@@ -95,7 +99,7 @@ uint64_t ConnState::retransmits() const {
 
 ConnState::Counters ConnState::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return Counters{frames_sent_, retransmits_, injected_drops_};
+  return Counters{frames_sent_, retransmits_, injected_drops_, loss_probes_, timeouts_};
 }
 
 template <typename Done>
@@ -446,7 +450,7 @@ void ConnState::CheckFinLocked() {
 void ConnState::DetectLossLocked() {
   loss_scan_ = false;
   uint64_t reo = std::max<uint64_t>(srtt_ns_ / 4, kMinReorderWindowNs);
-  bool found = false;
+  size_t found = 0;
   for (Segment& s : inflight_) {
     if (s.sent_ns + reo >= rack_ns_) {
       if (!s.retransmitted) break;  // everything after was sent later still
@@ -454,10 +458,10 @@ void ConnState::DetectLossLocked() {
     }
     if (!s.sacked && !s.lost && s.sent_ns != 0) {
       s.lost = true;
-      found = true;
+      ++found;
     }
   }
-  if (found) OnLossLocked(false);
+  if (found > 0) OnLossLocked(false, found);
 }
 
 void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
@@ -471,8 +475,22 @@ void ConnState::OnAckedLocked(uint64_t acked_bytes, uint32_t mss) {
   cwnd_ = std::min<uint64_t>(cwnd_, snd_.capacity());
 }
 
-void ConnState::OnLossLocked(bool timeout) {
+void ConnState::OnLossLocked(bool timeout, size_t newly_lost) {
   if (cwnd_ == 0) return;
+  if (!timeout) {
+    // Sparse loss (at most 1 in kSparseLossDivisor segments of a window, or
+    // a single one) is recovered without a cut: it is what a lossy link
+    // does at any rate, and cutting for it pins the window at the floor
+    // (sqrt(1 / loss) segments), so goodput would follow the RTT. A queue
+    // that overflows drops more than that in a window; so does a timeout.
+    if (snd_una_ >= loss_window_end_) {
+      loss_window_end_ = snd_nxt_;
+      window_losses_ = 0;
+    }
+    window_losses_ += newly_lost;
+    const uint64_t window_segments = std::max<uint64_t>(1, inflight_.size());
+    if (window_losses_ < 2 || window_losses_ * kSparseLossDivisor <= window_segments) return;
+  }
   if (!timeout && snd_una_ < recovery_end_) return;  // this window was already reduced
   const uint32_t mss = std::min(params_.mss, peer_mss_ == 0 ? params_.mss : peer_mss_);
   // A timeout, or a standing queue (srtt 4x the minimum RTT), means the loss
@@ -549,24 +567,29 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
       if (it->sacked || it->lost || it->sent_ns == 0) continue;
       it->lost = true;  // resent below; not a loss episode for congestion control
       probe_sent_ = true;
+      ++loss_probes_;
       break;
     }
   }
   if (!inflight_.empty() && rto_deadline_ns_ != 0 && now >= rto_deadline_ns_) {
-    uint64_t rto = RtoNs();
+    // Resend the oldest segment not SACKed, not every segment older than
+    // the RTO: on a busy host most timeouts are a late ack (a peer that was
+    // not scheduled), and resending the window then doubled the bytes sent.
+    // The ack the resent segment draws dates it (tsecr), so RACK marks
+    // whatever was really lost before it.
     bool marked = false;
     for (Segment& s : inflight_) {
-      if (s.sacked || s.lost) continue;
-      if (s.sent_ns + rto <= now || !marked) {
+      if (s.sacked) continue;
+      if (!s.lost) {
         s.lost = true;
         marked = true;
-      } else if (!s.retransmitted) {
-        break;
       }
+      break;
     }
     if (backoff_ < 16) ++backoff_;
+    ++timeouts_;
     rto_deadline_ns_ = now + RtoNs();
-    if (marked) OnLossLocked(true);
+    if (marked) OnLossLocked(true, 1);
   }
 
   // Retransmissions first.
@@ -646,7 +669,15 @@ Status ConnState::WaitEstablished(Deadline deadline) {
   }
 }
 
-Status ConnState::Write(const char* data, size_t n) {
+void ConnState::FlushFromApp() {
+  if (!poller_ || !poller_()) Wake();
+}
+
+Status ConnState::Write(const char* data, size_t n, bool flush) {
+  if (n == 0) {
+    if (flush) FlushFromApp();
+    return Status::Ok();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   uint64_t progress_ns = NowNanos();
   uint64_t seen_begin = snd_.begin();
@@ -659,11 +690,13 @@ Status ConnState::Write(const char* data, size_t n) {
       data += chunk;
       n -= chunk;
       progress_ns = NowNanos();
-      bool push = poller_ && snd_.end() - snd_nxt_ >= params_.mss;
+      const bool last = n == 0;
+      const bool push = poller_ && ((flush && last) || snd_.end() - snd_nxt_ >= params_.mss);
       lock.unlock();
-      // Run to completion: a full segment's worth goes out from this thread
-      // now (smaller writes wait for more bytes, or for the next poll).
-      if (!push || !poller_()) Wake();
+      // Run to completion: a full segment's worth, or the end of a flushing
+      // write, goes out from this thread now; the I/O thread is woken only
+      // when this thread could not send (or has no poller).
+      if (push ? !poller_() : (flush && last)) Wake();
       lock.lock();
       continue;
     }
@@ -680,6 +713,84 @@ Status ConnState::Write(const char* data, size_t n) {
                [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
   }
   return Status::Ok();
+}
+
+Status ConnState::WriteWith(size_t n, const Filler& fill) {
+  if (n == 0) {
+    FlushFromApp();
+    return Status::Ok();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t progress_ns = NowNanos();
+  uint64_t seen_begin = snd_.begin();
+  while (n > 0) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (!error_.ok()) return error_;
+    if (fin_queued_) return Status::Aborted("send after Shutdown");
+    if (snd_.space() > 0) {
+      // [end, end + room) is free ring space nobody else touches (the
+      // datapath reads only below end(), acks only move begin() up), so it
+      // is filled without the mutex.
+      const size_t room = std::min({n, snd_.space(), snd_.ContiguousFrom(snd_.end()), size_t{1} << 20});
+      char* dst = snd_.At(snd_.end());
+      lock.unlock();
+      Result<size_t> filled = fill(dst, room);
+      lock.lock();
+      if (!filled.ok()) return filled.status();
+      const size_t got = std::min(*filled, room);
+      if (got == 0) return Status::Internal("WriteWith: the filler produced no bytes");
+      snd_.AppendWith(got, [](char*, size_t, size_t) {});
+      n -= got;
+      progress_ns = NowNanos();
+      const bool push = poller_ && (n == 0 || snd_.end() - snd_nxt_ >= params_.mss);
+      lock.unlock();
+      if (push ? !poller_() : n == 0) Wake();
+      lock.lock();
+      continue;
+    }
+    uint64_t now = NowNanos();
+    if (snd_.begin() != seen_begin) {
+      seen_begin = snd_.begin();
+      progress_ns = now;
+    }
+    if (Since(now, progress_ns) >= Ns(params_.io_timeout)) {
+      return Status::Timeout("send made no progress for " + Ms(Since(now, progress_ns)) +
+                             " (peer not reading)");
+    }
+    WaitLocked(lock, Deadline::After(std::chrono::milliseconds(20)),
+               [&] { return snd_.space() > 0 || app_closed_ || !error_.ok(); });
+  }
+  return Status::Ok();
+}
+
+Result<size_t> ConnState::ReadWith(size_t max, const Drainer& drain, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (app_closed_) return Status::Aborted("connection closed");
+    if (rcv_.size() > 0) {
+      // [begin, begin + len) stays put while unlocked: new in-order bytes
+      // land at end() (no Read buffer is posted meanwhile), out-of-order ones
+      // past it, and only this reader consumes.
+      const size_t len = std::min({max, rcv_.size(), rcv_.ContiguousFrom(rcv_.begin())});
+      const char* src = rcv_.At(rcv_.begin());
+      lock.unlock();
+      Result<size_t> drained = drain(src, len);
+      lock.lock();
+      if (!drained.ok()) return drained.status();
+      const size_t used = std::min(*drained, len);
+      if (used == 0) return Status::Internal("ReadWith: the drainer consumed no bytes");
+      rcv_.ConsumeTo(rcv_.begin() + used);
+      bool wake = rcv_.begin() + rcv_.capacity() >= advertised_edge_ + rcv_.capacity() / 4;
+      lock.unlock();
+      if (wake) Wake();
+      return used;
+    }
+    if (eof_) return Status::Closed("peer closed the connection");
+    if (!error_.ok()) return error_;
+    if (deadline.expired()) return Status::Timeout("receive deadline passed");
+    if (max == 0) return size_t{0};
+    WaitLocked(lock, deadline, [&] { return rcv_.size() > 0 || eof_ || !error_.ok() || app_closed_; });
+  }
 }
 
 Result<size_t> ConnState::Read(char* dst, size_t max, Deadline deadline) {

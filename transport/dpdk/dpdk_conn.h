@@ -13,17 +13,19 @@
 //   - Loss recovery: RACK-style (a segment sent well before the newest one the
 //     peer has seen, per the echoed timestamp, and not SACKed is resent) and a
 //     retransmission timer (RFC 6298 estimator, exponential backoff).
-//     Only segments judged lost (or, on a timeout, sent more than an RTO ago)
-//     are resent, never whole windows; a tail loss probe (one segment after
+//     Only segments judged lost (or, on a timeout, the oldest unSACKed one,
+//     whose ack then lets RACK judge the rest) are resent, never whole
+//     windows; a tail loss probe (one segment after
 //     max(2 srtt, 200 us) without acks) draws the SACKs that let RACK see
 //     losses at the end of a burst without waiting for the timer.
 //   - Congestion control: a congestion window (slow start, then +1 MSS per
 //     window acked) bounds the bytes in the pipe (sent, not acked, not
-//     SACKed). A loss episode (at most one per window) halves it when the
+//     SACKed). Sparse loss (a single segment, or at most 1 in 32 of a
+//     window) is recovered without a cut, so a lossy link degrades smoothly.
+//     Beyond that a loss episode (at most one per window) halves it when the
 //     RTT shows a standing queue (srtt over 4x the minimum RTT: the loss is
-//     congestive) and takes 15% off otherwise (random loss on a short queue,
-//     so a lossy link degrades smoothly); a timeout halves it. Never below
-//     kMinCwndSegments segments.
+//     congestive) and takes 15% off otherwise; a timeout halves it. Never
+//     below kMinCwndSegments segments.
 //   - Zero-copy transmit: the port may point frames straight into the send
 //     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
@@ -57,6 +59,7 @@
 #include <string>
 
 #include "base/clock.h"
+#include "base/result.h"
 #include "base/status.h"
 #include "transport/dpdk/byte_ring.h"
 #include "transport/dpdk/dpdk_wire.h"
@@ -129,11 +132,29 @@ class ConnState {
   // Blocks until established (or failed / deadline). Dialler only.
   Status WaitEstablished(Deadline deadline);
   // Appends all of data to the send stream; blocks while the send buffer is
-  // full; Timeout when no space frees up for io_timeout.
-  Status Write(const char* data, size_t n);
+  // full; Timeout when no space frees up for io_timeout. With flush, what
+  // is buffered goes out now (this thread polls the port); without it, less
+  // than a segment's worth may wait for the next flushing Write (the caller
+  // promises one: e.g. a message header before its payload).
+  Status Write(const char* data, size_t n, bool flush = true);
+  // Write, but the bytes are produced straight into the send ring:
+  // fill(dst, len) writes 1..len bytes at dst and returns how many (or an
+  // error, returned as is). It runs without the connection's mutex (the
+  // datapath keeps going), so at most one Write / WriteWith at a time
+  // (REQUIRES: the caller serialises them). For file bulk: pread into the
+  // ring saves the copy through a buffer.
+  using Filler = std::function<Result<size_t>(char* dst, size_t len)>;
+  Status WriteWith(size_t n, const Filler& fill);
   // Reads 1..max bytes. Closed at the orderly end of stream; the connection's
   // error, Aborted after Abort, Timeout at the deadline.
   Result<size_t> Read(char* dst, size_t max, Deadline deadline);
+  // Read, but the received bytes are handed out in place:
+  // drain(src, len) consumes 1..len bytes at src (e.g. pwrite to a file) and
+  // returns how many, or an error (returned as is). It runs without the
+  // connection's mutex, so at most one Read / ReadWith at a time (REQUIRES:
+  // the caller serialises them). Returns the bytes consumed (1..max).
+  using Drainer = std::function<Result<size_t>(const char* src, size_t len)>;
+  Result<size_t> ReadWith(size_t max, const Drainer& drain, Deadline deadline);
   // Orderly end of the send stream (FIN after the buffered data). Idempotent.
   Status Shutdown();
   // After Shutdown: waits until the peer acknowledged everything and the FIN
@@ -169,6 +190,8 @@ class ConnState {
     uint64_t frames_sent = 0;
     uint64_t retransmits = 0;
     uint64_t injected_drops = 0;
+    uint64_t loss_probes = 0;  // tail loss probes sent
+    uint64_t timeouts = 0;     // retransmission timer expiries
   };
   Counters counters() const;
 
@@ -208,14 +231,18 @@ class ConnState {
                   uint64_t now_ns);
   bool SendSegmentLocked(SegmentOutput& out, Segment& seg, uint64_t now_ns);
   void DetectLossLocked();
-  // A loss episode starts (detected by RACK, or a timeout): shrinks cwnd_.
-  void OnLossLocked(bool timeout);
+  // newly_lost segments were judged lost (by RACK, or a timeout): shrinks
+  // cwnd_ unless the loss is sparse (see the top).
+  void OnLossLocked(bool timeout, size_t newly_lost);
   void OnAckedLocked(uint64_t acked_bytes, uint32_t mss);
   bool PeerAddressLocked(SegmentOutput& out, uint64_t now_ns);
   uint64_t RtoNs() const;
   void Wake() const {
     if (wakeup_) wakeup_();
   }
+  // Sends what is buffered: polls the port from this thread, else wakes the
+  // I/O thread. Without the mutex.
+  void FlushFromApp();
 
   const ConnParams params_;
   mutable uint64_t fault_rng_;
@@ -261,12 +288,16 @@ class ConnState {
   uint64_t cwnd_ = 0;  // 0 until the MSS is known
   uint64_t ssthresh_ = UINT64_MAX;
   uint64_t recovery_end_ = 0;  // no new reduction until snd_una_ passes this
+  uint64_t loss_window_end_ = 0;  // losses are counted per window, up to here
+  uint64_t window_losses_ = 0;
   uint64_t sacked_bytes_ = 0;  // bytes of inflight_ segments SACKed
   uint64_t min_rtt_ns_ = 0;
   uint64_t min_rtt_stamp_ns_ = 0;
   uint64_t last_ack_ns_ = 0;  // when the peer last acked or SACKed new bytes
   bool probe_sent_ = false;   // a tail loss probe is out since then
   uint64_t frames_sent_ = 0;
+  uint64_t loss_probes_ = 0;
+  uint64_t timeouts_ = 0;
   mutable uint64_t injected_drops_ = 0;
 
   // Receive side.

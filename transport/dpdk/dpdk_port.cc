@@ -10,7 +10,11 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_udp.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -35,10 +39,15 @@ constexpr uint64_t kSpinAfterTrafficNs = 200'000;
 // The I/O thread stays out of the way while an application thread polled this recently.
 constexpr uint64_t kAppPollGraceNs = 100'000;
 constexpr uint32_t kDefaultMemifBufferBytes = 2048;  // net_memif's bsize default
+constexpr uint32_t kDefaultAfPacketFrameBytes = 2048;  // net_af_packet's framesz default
+// Of each af_packet ring frame, the kernel's tpacket2 header and the offset
+// at which it places a received frame take this much (TPACKET_V2: 66 B, with
+// slack); the rest holds the Ethernet frame.
+constexpr uint32_t kAfPacketRingOverhead = 96;
 
-// The bsize= of the --vdev that created memif port `name` (its shared-memory
-// buffer size), else memif's default.
-uint32_t MemifBufferBytes(const std::vector<std::string>& args, const std::string& name) {
+// The value of key= in the --vdev that created port `name` (e.g. memif's
+// bsize=, af_packet's framesz= or iface=); empty when absent.
+std::string VdevParam(const std::vector<std::string>& args, const std::string& name, const std::string& key) {
   std::vector<std::string> words;
   for (const std::string& a : args) {
     size_t start = 0;
@@ -59,12 +68,36 @@ uint32_t MemifBufferBytes(const std::vector<std::string>& args, const std::strin
       continue;
     }
     if (vdev != name && vdev.rfind(name + ",", 0) != 0) continue;
-    size_t at = vdev.find(",bsize=");
-    if (at == std::string::npos) return kDefaultMemifBufferBytes;
-    unsigned long v = std::strtoul(vdev.c_str() + at + 7, nullptr, 0);
-    return v >= 256 && v <= 65535 ? static_cast<uint32_t>(v) : kDefaultMemifBufferBytes;
+    const std::string needle = "," + key + "=";
+    size_t at = vdev.find(needle);
+    if (at == std::string::npos) return "";
+    size_t from = at + needle.size();
+    return vdev.substr(from, vdev.find(',', from) - from);
   }
-  return kDefaultMemifBufferBytes;
+  return "";
+}
+
+// A numeric --vdev parameter within [lo, hi], else `fallback`.
+uint32_t VdevUint(const std::vector<std::string>& args, const std::string& name, const std::string& key,
+                  uint32_t fallback, uint32_t lo, uint32_t hi) {
+  const std::string v = VdevParam(args, name, key);
+  if (v.empty()) return fallback;
+  unsigned long n = std::strtoul(v.c_str(), nullptr, 0);
+  return n >= lo && n <= hi ? static_cast<uint32_t>(n) : fallback;
+}
+
+// The MTU the kernel gives interface `iface` in this network namespace; 0
+// when unknown.
+uint32_t KernelInterfaceMtu(const std::string& iface) {
+  if (iface.empty() || iface.size() >= IFNAMSIZ) return 0;
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  ifreq ifr;
+  std::memset(&ifr, 0, sizeof(ifr));
+  std::memcpy(ifr.ifr_name, iface.data(), iface.size());
+  int rc = ::ioctl(fd, SIOCGIFMTU, &ifr);
+  ::close(fd);
+  return rc == 0 && ifr.ifr_mtu > 0 ? static_cast<uint32_t>(ifr.ifr_mtu) : 0;
 }
 
 // Checksum policy (DpdkPort::ChecksumMode):
@@ -131,6 +164,27 @@ class MbufPayload final : public PayloadSource {
 
 }  // namespace
 
+// Each piece is folded before it is swapped (see dpdk_port.h for why).
+uint16_t Ipv4UdpSum(const rte_mbuf* m, const rte_ipv4_hdr* ip, uint32_t off, uint32_t len) {
+  uint64_t sum = rte_ipv4_phdr_cksum(ip, 0);
+  uint32_t done = 0;
+  for (const rte_mbuf* seg = m; seg != nullptr && done < len; seg = seg->next) {
+    const uint32_t seg_len = rte_pktmbuf_data_len(seg);
+    if (off >= seg_len) {
+      off -= seg_len;
+      continue;
+    }
+    const uint32_t piece = std::min(seg_len - off, len - done);
+    uint16_t folded = rte_raw_cksum(rte_pktmbuf_mtod_offset(seg, const char*, off), piece);
+    if (done & 1) folded = rte_bswap16(folded);  // its bytes sit at odd positions of the whole
+    sum += folded;
+    done += piece;
+    off = 0;
+  }
+  while (sum > 0xffff) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(sum);
+}
+
 bool ListenerState::Push(std::shared_ptr<ConnState> conn) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_ || queue_.size() >= backlog_) return false;
@@ -177,9 +231,10 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   int rc = rte_eth_dev_info_get(port_id, &info);
   if (rc != 0) return Status::IOError(what + ": rte_eth_dev_info_get: " + DpdkError(rc));
 
-  const uint32_t mbuf_room = settings.mbuf_bytes;
+  uint32_t mbuf_room = settings.mbuf_bytes;
   const std::string driver = info.driver_name != nullptr ? info.driver_name : "";
   const bool memif = driver == "net_memif";
+  const bool af_packet = driver == "net_af_packet";
   port->multi_seg_ = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
   // Drivers that copy frames with the CPU can take mbufs pointing at any memory.
   port->zero_copy_tx_ = port->multi_seg_ && (memif || driver == "net_af_packet");
@@ -196,12 +251,37 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
     // only ethdev's configure check uses that figure. Configure within it and
     // send frames up to the buffer size. Frames chained over several memif
     // buffers arrived damaged in our tests (22.11), so they are not used.
-    const uint32_t bsize = MemifBufferBytes(settings.eal_args, port->name_);
+    const uint32_t bsize =
+        VdevUint(settings.eal_args, port->name_, "bsize", kDefaultMemifBufferBytes, 256, 65535);
     if (mtu + RTE_ETHER_HDR_LEN > bsize) {
       mtu = bsize - RTE_ETHER_HDR_LEN;
       mtu_refusal = "a frame must fit one " + std::to_string(bsize) + "-byte memif buffer (raise bsize= in --vdev=" +
                     port->name_ + ",...; 16384 allows MTU 9000)";
     }
+  } else if (af_packet) {
+    // net_af_packet also reports a 1518-byte maximum frame, but it carries
+    // any frame that fits one frame of its kernel rings (framesz=, default
+    // 2048) and that the kernel interface's MTU lets through. Its rx queue
+    // wants mbufs that hold a whole ring frame: the mbuf size follows.
+    const uint32_t framesz =
+        VdevUint(settings.eal_args, port->name_, "framesz", kDefaultAfPacketFrameBytes, 512, 65024);
+    const std::string iface = VdevParam(settings.eal_args, port->name_, "iface");
+    const uint32_t ring_mtu = framesz - kAfPacketRingOverhead - RTE_ETHER_HDR_LEN;
+    if (mtu > ring_mtu) {
+      mtu = ring_mtu;
+      mtu_refusal = "a frame must fit one " + std::to_string(framesz) + "-byte af_packet ring frame (raise framesz= and "
+                    "blocksz= in --vdev=" + port->name_ + ",...; framesz=16384,blocksz=16384 allows MTU 9000)";
+    }
+    const uint32_t kernel_mtu = KernelInterfaceMtu(iface);
+    if (kernel_mtu > 0 && mtu > kernel_mtu) {
+      mtu = kernel_mtu;
+      mtu_refusal = "interface " + iface + " has MTU " + std::to_string(kernel_mtu) + " (ip link set " + iface +
+                    " mtu 9000 raises it)";
+    } else if (kernel_mtu == 0 && mtu > RTE_ETHER_MTU) {
+      mtu = RTE_ETHER_MTU;
+      mtu_refusal = "the MTU of interface '" + iface + "' is unknown";
+    }
+    mbuf_room = std::max(mbuf_room, framesz);
   } else {
     if (mtu > port_max) {
       mtu = port_max;
@@ -266,7 +346,7 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   txconf.offloads = conf.txmode.offloads;
   rc = rte_eth_tx_queue_setup(port_id, 0, nb_txd, static_cast<unsigned>(socket), &txconf);
   if (rc != 0) return Status::IOError(what + ": tx queue setup: " + DpdkError(rc));
-  if (!memif) {
+  if (!memif && !af_packet) {
     uint16_t current_mtu = 1500;
     int set_rc = rte_eth_dev_set_mtu(port_id, static_cast<uint16_t>(mtu));
     if (rte_eth_dev_get_mtu(port_id, &current_mtu) != 0) current_mtu = 1500;
@@ -434,7 +514,13 @@ void DpdkPort::RefreshSnapshot() {
 bool DpdkPort::PollFromApp() {
   last_app_poll_ns_.store(NowNanos(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(poll_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  if (!lock.owns_lock()) {
+    // Another thread is in the datapath. If it shares this core and was
+    // preempted there, spinning on the lock would keep it from finishing
+    // (for a whole time slice, seen as 200+ us ping-pong tails): let it run.
+    std::this_thread::yield();
+    return false;
+  }
   RegisterPollingThread();
   return PollOnce();
 }
@@ -497,10 +583,17 @@ void DpdkPort::Run() {
     // Keep polling for a while after traffic (a reply usually follows soon),
     // unless an application thread does the polling itself.
     if (!app_polls && (++idle < 200 || now - last_busy_ns < kSpinAfterTrafficNs)) continue;
-    // Idle: sleep briefly (timers run at least every 200 us); Wake() cuts it short.
+    // Idle: sleep briefly (timers run at least every 200 us); Wake() cuts it
+    // short. While an application thread polls (it runs every connection's
+    // timers too) only check back after the grace period: waking more often
+    // would preempt that thread when both share a core.
     std::unique_lock<std::mutex> lock(sleep_mu_);
     sleeping_.store(true, std::memory_order_release);
-    if (!wake_pending_) sleep_cv_.wait_for(lock, std::chrono::microseconds(app_polls || idle < 2000 ? 20 : 200));
+    if (!wake_pending_) {
+      sleep_cv_.wait_for(lock, app_polls     ? std::chrono::microseconds(kAppPollGraceNs / 1000)
+                               : idle < 2000 ? std::chrono::microseconds(20)
+                                             : std::chrono::microseconds(200));
+    }
     wake_pending_ = false;
     sleeping_.store(false, std::memory_order_release);
   }
@@ -551,7 +644,7 @@ void DpdkPort::HandleFrame(rte_mbuf* m, uint64_t now) {
     const uint64_t l4_flags = m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK;
     if (l4_flags == RTE_MBUF_F_RX_L4_CKSUM_BAD) return;
     if (l4_flags != RTE_MBUF_F_RX_L4_CKSUM_GOOD &&
-        rte_ipv4_udptcp_cksum_mbuf_verify(m, &ip_copy, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr)) != 0)
+        Ipv4UdpSum(m, &ip_copy, RTE_ETHER_HDR_LEN + sizeof(rte_ipv4_hdr), udp_len) != 0xffff)
       return;
   }
   neighbours_[src_ip] = src_mac;
@@ -797,7 +890,9 @@ rte_mbuf* DpdkPort::BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint1
       udp->dgram_cksum = rte_ipv4_phdr_cksum(ip, m->ol_flags);
       break;
     case ChecksumMode::kSoftware:
-      udp->dgram_cksum = rte_ipv4_udptcp_cksum_mbuf(m, ip, kOuterHeaderSize - sizeof(rte_udp_hdr));
+      udp->dgram_cksum = 0;
+      udp->dgram_cksum = static_cast<uint16_t>(~Ipv4UdpSum(m, ip, kOuterHeaderSize - sizeof(rte_udp_hdr), udp_len));
+      if (udp->dgram_cksum == 0) udp->dgram_cksum = 0xffff;  // 0 means "no checksum" in UDP
       break;
   }
   return m;

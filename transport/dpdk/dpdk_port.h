@@ -12,8 +12,9 @@
 // sleeps when idle (woken by application threads).
 //
 // Frames: jumbo where the port allows it (net_memif up to its buffer size,
-// bsize=, even though DPDK 22.11 reports a 1518-byte maximum;
-// other ports up to their max MTU, scatter / multi-segment permitting; the
+// bsize=, and net_af_packet up to its ring frame size, framesz=, within the
+// kernel interface's MTU, even though DPDK 22.11 reports a 1518-byte maximum
+// for both; other ports up to their max MTU, scatter / multi-segment permitting; the
 // reason is logged when a port refuses the requested MTU). Transmit is zero
 // copy on ports whose driver copies frames with the CPU (memif, af_packet):
 // a frame is a header mbuf followed by mbufs attached (as external buffers)
@@ -41,15 +42,28 @@
 
 struct rte_mempool;
 struct rte_mbuf;
+struct rte_ipv4_hdr;
 
 namespace canopy::transport::dpdk {
+
+// The 16-bit one's complement sum (RFC 1071, folded, not inverted) of the
+// IPv4 pseudo header of `ip` and bytes [off, off + len) of the mbuf chain m:
+// 0xffff over a UDP datagram whose checksum is right. DPDK 22.11's
+// rte_raw_cksum_mbuf truncates the partial sum of a segment that starts at
+// an odd offset to 16 bits before byte-swapping it, losing its carries:
+// frames whose payload spans two send-ring pieces (where the ring wraps) went
+// out with a wrong UDP checksum, were dropped by the receiver on every
+// retransmission, and the stream stalled (seen on af_packet).
+uint16_t Ipv4UdpSum(const rte_mbuf* m, const rte_ipv4_hdr* ip, uint32_t off, uint32_t len);
 
 struct PortSettings {
   uint32_t mtu = 9000;         // requested; the port's limit wins
   uint32_t mbufs = 0;          // 0: default
   uint32_t mbuf_bytes = 2048;  // data room per mbuf
   // The backend arguments (EAL ones included): memif ports read their
-  // buffer size (bsize=) from the --vdev that made them.
+  // buffer size (bsize=), af_packet ports their ring frame size (framesz=,
+  // which also sets the mbuf size) and interface (iface=), from the --vdev
+  // that made them.
   std::vector<std::string> eal_args;
 };
 
