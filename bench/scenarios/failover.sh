@@ -13,7 +13,7 @@
 # adds ~10-30 ms of resolution to etcd's windows), alternating canopy and
 # etcd kills. Prints every window and p50/p99/max. Goal (issue 18): canopy's
 # p99 <= 500 ms. Comparison: p99 window, lower is better (A canopy, B etcd).
-# Sizes: tiny 3 kills, quick 10, full 20. Contract: bench/lib.sh.
+# Sizes: tiny 2 kills, quick 10, full 20. Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
@@ -22,13 +22,13 @@ client=$BENCH_BUILD/bench/failover_client
 for b in "$canopy" "$client"; do
   [[ -x $b ]] || { bench_log "$b not built (cmake --build $BENCH_BUILD --target canopy failover_client)"; exit 1; }
 done
-kills=${FAILOVER_KILLS:-$(bench_pick 3 10 20)}
+kills=${FAILOVER_KILLS:-$(bench_pick 2 10 20)}
 with_etcd=${FAILOVER_ETCD:-1}
 if ((with_etcd)); then
   bench_need_peer etcd etcd-server || with_etcd=0
   bench_need_peer etcdctl etcd-client || with_etcd=0
 fi
-settle=${FAILOVER_SETTLE_S:-1.5}  # after a restart, before the next kill
+settle=${FAILOVER_SETTLE_S:-$(bench_pick 0.5 1.5 1.5)}  # after a restart, before the next kill
 work=$BENCH_WORK/failover
 pids=()
 declare -A node_pid=() etcd_pid=()
