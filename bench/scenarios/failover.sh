@@ -7,7 +7,9 @@
 # SIGKILL the tree's leader, note when, wait until the client's next QUORUM
 # commit that started after the killed process was reaped is acknowledged
 # (the window runs from just before the kill to that acknowledgement),
-# restart the killed node, let it catch up. The same is done to a
+# restart the killed node, wait until every replica is within 100 versions
+# of the leader (so that a window measures failover, not a lagging
+# replica's catch-up). The same is done to a
 # 3-member etcd on 127.0.0.1 (its leader SIGKILLed, an etcdctl put loop over
 # all three endpoints as the client; etcdctl starts a process per put, which
 # adds ~10-30 ms of resolution to etcd's windows), alternating canopy and
@@ -176,11 +178,23 @@ for ((k = 1; k <= kills; k++)); do
   fi
   start_node "$leader"
   bench_wait_port "${ports[$((leader - 1))]}" 20 || true
-  # Caught up: the restarted node is a replica again.
-  for _ in $(seq 1 100); do
-    [[ $(tree_field "$leader" role) == replica ]] && break
+  # Caught up: the restarted node is a replica again, and every replica is
+  # within 100 versions of the leader (a replica still catching up would make
+  # the next window measure its catch-up: QUORUM needs one replica's ACK).
+  caught_up=""
+  for _ in $(seq 1 150); do
+    if [[ $(tree_field "$leader" role) == replica ]]; then
+      vs=()
+      for i in 1 2 3; do vs+=("$(tree_field "$i" durable_version)"); done
+      if printf '%s\n' "${vs[@]}" | awk '!/^[0-9]+$/ { bad = 1 } { v[NR] = $1; if ($1 > m) m = $1 }
+          END { if (bad) exit 1; for (i in v) if (v[i] + 100 < m) exit 1; exit 0 }'; then
+        caught_up=1
+        break
+      fi
+    fi
     sleep 0.1
   done
+  [[ -n $caught_up ]] || bench_log "kill $k/$kills: replicas not within 100 versions of the leader after 15 s: ${vs[*]:-}"
 
   # ---- etcd: kill its leader
   if ((with_etcd)); then
