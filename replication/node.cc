@@ -144,6 +144,10 @@ Status Node::Impl::StartMeta() {
   }
   std::string host = options.raft_address.substr(0, options.raft_address.rfind(':'));
   mo.forward_address = host + ":0";
+  // Failover waits for the metadata raft when its leader died with the tree's
+  // leader: elect within a few heartbeats, not raft's default second.
+  mo.election_timeout_ms = static_cast<uint32_t>(options.raft_election_timeout.count());
+  mo.heartbeat_timeout_ms = std::max<uint32_t>(1, mo.election_timeout_ms / 5);
   CANOPY_ASSIGN_OR_RETURN(meta, meta::MetadataService::Start(mo));
   meta_watch = meta->AddWatch([this](const meta::ClusterState& state) {
     std::lock_guard<std::mutex> lock(mu);
@@ -241,7 +245,7 @@ void Node::Impl::ServeConnection(transport::Connection& conn) {
   if (id->role == PeerRole::kNode) {
     std::lock_guard<std::mutex> lock(mu);
     AddMemberLocked(id->node_id, id->listen_uri);
-    last_heard[id->node_id] = Clock::now();
+    HeardLocked(id->node_id);
   }
   Status s = ServeMessages(conn, *id);
   if (!s.ok() && !stopping && !s.IsClosed() && s.code() != StatusCode::kAborted) {
@@ -264,8 +268,23 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
     auto type = static_cast<MessageType>(m->type);
     if (peer.role == PeerRole::kNode) {
       if (type == MessageType::kHeartbeat) {
+        metrics->MembershipReceived(m->payload.size());
         CANOPY_ASSIGN_OR_RETURN(Heartbeat hb, DecodeHeartbeat(m->payload));
         OnHeartbeat(hb);
+        if (hb.kind == Heartbeat::Kind::kProbe) CANOPY_RETURN_IF_ERROR(AnswerProbe(conn, hb));
+        continue;
+      }
+      if (type == MessageType::kProbeRequest) {
+        metrics->MembershipReceived(m->payload.size());
+        Heard(peer.node_id);
+        CANOPY_ASSIGN_OR_RETURN(ProbeRequest req, DecodeProbeRequest(m->payload));
+        CANOPY_RETURN_IF_ERROR(AnswerProbeRequest(conn, req));
+        continue;
+      }
+      if (type == MessageType::kTreeStateRequest) {
+        Heard(peer.node_id);
+        CANOPY_ASSIGN_OR_RETURN(TreeStateRequest req, DecodeTreeStateRequest(m->payload));
+        CANOPY_RETURN_IF_ERROR(SendMessage(conn, HandleTreeStateRequest(req)));
         continue;
       }
       if (type == MessageType::kSubscribe) {

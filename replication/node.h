@@ -18,16 +18,25 @@
 // the replicas later). A dead replica does not block ONE/QUORUM writes; on
 // reconnect it catches up (deltas or snapshot).
 //
-// Failure detection: peers exchange HEARTBEATs every heartbeat_interval; a
-// peer not heard from for failure_timeout is reported dead in STATUS. A peer
-// that is malformed or fails authentication gets ERROR, is dropped and
-// logged; the node keeps serving.
+// Failure detection: every heartbeat_interval a node probes one member
+// (SWIM: a PROBE answered by an ack; when none comes, ping-req through two
+// others), with membership and tree-name gossip piggybacked digest-first, so
+// that an idle node's cost does not grow with the cluster. A leader streams
+// heartbeats to its replicas. Liveness (STATUS) comes from a phi-accrual
+// detector over every message a peer sends, and from loss evidence: a
+// refused, closed or reset connection or an unanswered probe marks the peer
+// dead until it is heard from again. A peer that is malformed or fails
+// authentication gets ERROR, is dropped and logged; the node keeps serving.
 //
 // Leader failover (with the metadata service, NodeOptions::raft_address):
-// the tree's leader and epoch live in the metadata raft; a replica that sees
-// the leader silent for failure_timeout waits for fresh heartbeats of the
-// other live owners, and the one with the newest (data epoch, version)
-// (lowest id on ties) takes over by CompareAndSetLeader on the epoch. Every
+// the tree's leader and epoch live in the metadata raft; a replica whose
+// stream from the leader broke and whose redial is refused (or whose leader
+// went silent: phi, or failure_timeout) asks the other owners directly for
+// their state (TREE_STATE_REQUEST). An owner still following that leader
+// vetoes; one that no longer does reports its (data epoch, version) and
+// stays off that leader's epoch for failure_timeout. With a quorum of owners
+// compared, the one with the newest (data epoch, version) (lowest id on
+// ties) takes over by CompareAndSetLeader on the epoch. Every
 // stream message carries the epoch and replicas refuse any other than the
 // one they follow; a deposed leader cannot gather acks any more. A replica
 // whose data comes from an older epoch beyond the point the new leader took
@@ -61,8 +70,15 @@ struct NodeOptions {
   std::vector<std::string> seeds;  // URIs of other members
   RingOptions ring;
   tree::StoreOptions store;
+  // Membership round (one SWIM probe) and leader-stream heartbeat interval.
   std::chrono::milliseconds heartbeat_interval{100};
+  // A leader stream silent this long is dead whatever the phi-accrual
+  // detector says; also how long an owner that answered a failover
+  // candidate stays off the old leader.
   std::chrono::milliseconds failure_timeout{1500};
+  // Metadata raft election timeout (raft randomizes it in [t, 2t)); its
+  // heartbeat is a fifth of it.
+  std::chrono::milliseconds raft_election_timeout{150};
   size_t snapshot_chunk_bytes = 1u << 20;
   // Metadata raft (leader failover). Empty raft_address: no metadata
   // service; every tree keeps its ring leader at epoch 1 and there is no

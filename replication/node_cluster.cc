@@ -1,9 +1,17 @@
 // Cluster view (node_impl.h): members and the ring, tree leadership and
-// epochs, heartbeats sent (MaintenanceLoop) and received, starting replicas.
+// epochs, membership (MaintenanceLoop: SWIM-style probes with piggybacked,
+// digest-first gossip; the failure detector), starting replicas.
+//
+// Membership cost per node and round (one round per heartbeat_interval) does
+// not grow with the cluster: one probe and its ack out, on average one probe
+// in and its ack back, gossip sets only when digests differ; ping-reqs only
+// when a probe goes unanswered. Leader streams carry their own heartbeats,
+// and failover asks the other owners directly (node_failover.cc).
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <random>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -83,9 +91,20 @@ std::string Node::Impl::UriOfLocked(const std::string& id) const {
 }
 
 bool Node::Impl::AliveLocked(const std::string& id) const {
-  if (id == node_id) return true;
-  auto it = last_heard.find(id);
-  return it != last_heard.end() && Clock::now() - it->second < options.failure_timeout;
+  return id == node_id || !detector.Suspected(id, Clock::now());
+}
+
+void Node::Impl::Heard(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu);
+  HeardLocked(id);
+}
+
+void Node::Impl::LostPeer(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu);
+  bool was_alive = !detector.Suspected(id, Clock::now());
+  detector.Lost(id, Clock::now());
+  if (was_alive) CANOPY_LOG(kDebug, "node {}: lost contact with {}", node_id, id);
+  cv.notify_all();
 }
 
 Result<std::pair<std::string, std::unique_ptr<transport::Connection>>> Node::Impl::DialPeerWithId(
@@ -110,21 +129,139 @@ void Node::Impl::RefreshMetrics() {
 
 void Node::Impl::OnHeartbeat(const Heartbeat& hb) {
   std::lock_guard<std::mutex> lock(mu);
-  last_heard[hb.node_id] = Clock::now();
+  if (hb.node_id == node_id) return;
+  HeardLocked(hb.node_id);
   if (!hb.raft_address.empty()) peer_raft[hb.node_id] = hb.raft_address;
   for (const auto& [id, member_uri] : hb.members) AddMemberLocked(id, member_uri);
   for (const auto& t : hb.trees) {
-    if (!tree::Store::ValidateTreeName(t.tree).ok()) continue;
-    known_trees.insert(t.tree);
-    peer_trees[hb.node_id][t.tree] = PeerTree{t.epoch, t.durable_version, Clock::now()};
+    if (tree::Store::ValidateTreeName(t.tree).ok()) known_trees.insert(t.tree);
+  }
+  for (const auto& name : hb.tree_names) {
+    if (tree::Store::ValidateTreeName(name).ok()) known_trees.insert(name);
   }
 }
 
+Heartbeat Node::Impl::MakeHeartbeatLocked(Heartbeat::Kind kind, uint64_t sequence, uint64_t peer_members_digest,
+                                          uint64_t peer_trees_digest) {
+  Heartbeat hb;
+  hb.node_id = node_id;
+  hb.sequence = sequence;
+  hb.kind = kind;
+  hb.raft_address = options.raft_address;
+  hb.members_digest = GossipDigest(members);
+  hb.trees_digest = GossipDigest(known_trees);
+  if (kind != Heartbeat::Kind::kProbe) {
+    if (peer_members_digest != hb.members_digest) hb.members = members;
+    if (peer_trees_digest != hb.trees_digest) hb.tree_names.assign(known_trees.begin(), known_trees.end());
+  }
+  return hb;
+}
+
+Status Node::Impl::AnswerProbe(transport::Connection& conn, const Heartbeat& probe) {
+  Heartbeat ack;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ack = MakeHeartbeatLocked(Heartbeat::Kind::kProbeAck, probe.sequence, probe.members_digest,
+                              probe.trees_digest);
+  }
+  std::string encoded = Encode(ack);
+  metrics->MembershipSent(encoded.size());
+  return conn.Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded);
+}
+
+Result<Heartbeat> Node::Impl::ProbeOn(transport::Connection& conn, const Heartbeat& probe,
+                                      std::chrono::milliseconds timeout) {
+  std::string encoded = Encode(probe);
+  metrics->MembershipSent(encoded.size());
+  CANOPY_RETURN_IF_ERROR(conn.Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded));
+  Deadline deadline = Deadline::After(timeout);
+  while (true) {
+    CANOPY_ASSIGN_OR_RETURN(auto m, conn.Receive(deadline));
+    metrics->MembershipReceived(m.payload.size());
+    if (m.type == static_cast<uint16_t>(MessageType::kError)) {
+      auto e = DecodeError(m.payload);
+      return e.ok() ? e->ToStatus() : e.status();
+    }
+    if (m.type != static_cast<uint16_t>(MessageType::kHeartbeat) || m.bulk_bytes != 0) {
+      return UnexpectedMessage(m, "HEARTBEAT (probe ack)");
+    }
+    CANOPY_ASSIGN_OR_RETURN(Heartbeat ack, DecodeHeartbeat(m.payload));
+    OnHeartbeat(ack);  // a late ack of an earlier probe still proves liveness
+    if (ack.kind == Heartbeat::Kind::kProbeAck && ack.sequence == probe.sequence) return ack;
+  }
+}
+
+Status Node::Impl::AnswerProbeRequest(transport::Connection& conn, const ProbeRequest& req) {
+  auto timeout = std::chrono::milliseconds(std::clamp<uint32_t>(req.timeout_ms, 1, 10'000));
+  Status result;
+  auto dialed = DialPeerWithId(req.target_uri);
+  if (!dialed.ok()) {
+    result = dialed.status();
+  } else if (dialed->first != req.target_id) {
+    result = Status::Unavailable(fmt::format("{} answers as node {}", req.target_uri, dialed->first));
+  } else {
+    Heartbeat probe;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      probe = MakeHeartbeatLocked(Heartbeat::Kind::kProbe, req.sequence, 0, 0);
+    }
+    auto ack = ProbeOn(*dialed->second, probe, timeout);
+    dialed->second->Close();
+    if (ack.ok()) {
+      std::string encoded = Encode(*ack);
+      metrics->MembershipSent(encoded.size());
+      return conn.Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded);
+    }
+    result = ack.status();
+  }
+  LostPeer(req.target_id);
+  return SendMessage(conn, ErrorMessage{StatusCode::kUnavailable,
+                                        fmt::format("node {} did not answer a probe: {}", req.target_id,
+                                                    result.ToString())});
+}
+
+// One SWIM-style member list: probe targets in a shuffled round-robin order
+// (every member is probed once per N rounds, as SWIM does), one per round.
 void Node::Impl::MaintenanceLoop() {
   std::map<std::string, std::unique_ptr<transport::Connection>> links;
   std::map<std::string, Clock::time_point> next_dial;
+  std::vector<std::string> order;
+  size_t next = 0;
+  std::mt19937_64 rng(std::random_device{}());
   uint64_t seq = 0;
+  const auto interval = options.heartbeat_interval;
+  // Ping-req helpers per failed probe (SWIM's k).
+  constexpr size_t kIndirectProbes = 2;
+
+  // The link to a member, dialed when missing (at most once per interval).
+  auto link_to = [&](const std::string& id, const std::string& peer_uri) -> transport::Connection* {
+    auto it = links.find(id);
+    if (it != links.end()) return it->second.get();
+    if (Clock::now() < next_dial[id]) return nullptr;
+    next_dial[id] = Clock::now() + std::max<std::chrono::milliseconds>(interval, std::chrono::milliseconds(50));
+    auto r = DialPeerWithId(peer_uri);
+    if (!r.ok()) {
+      if (r.status().code() != StatusCode::kPermissionDenied) LostPeer(id);
+      return nullptr;
+    }
+    if (r->first != id) return nullptr;
+    return links.emplace(id, std::move(r->second)).first->second.get();
+  };
+  // After an exchange: push our full sets when the peer's digests still differ.
+  auto push_gossip = [&](transport::Connection* conn, const Heartbeat& peer) -> Status {
+    Heartbeat hb;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, peer.members_digest, peer.trees_digest);
+    }
+    if (hb.members.empty() && hb.tree_names.empty()) return Status::Ok();
+    std::string encoded = Encode(hb);
+    metrics->MembershipSent(encoded.size());
+    return conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded);
+  };
+
   while (!stopping) {
+    const auto round_start = Clock::now();
     // Seeds whose id we do not know yet.
     std::vector<std::string> seeds;
     {
@@ -143,48 +280,131 @@ void Node::Impl::MaintenanceLoop() {
                              unresolved_seeds.end());
       if (r->first != node_id) {
         AddMemberLocked(r->first, s);
+        HeardLocked(r->first);
         links[r->first] = std::move(r->second);
       }
     }
-    // Heartbeat content.
-    Heartbeat hb;
-    hb.node_id = node_id;
-    hb.sequence = ++seq;
-    hb.raft_address = options.raft_address;
-    std::vector<std::string> local_trees = store->ListTrees();
-    std::vector<uint64_t> local_versions;
-    for (const auto& t : local_trees) local_versions.push_back(store->LatestVersion(t).value_or(0));
     std::map<std::string, std::string> peers;
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (size_t k = 0; k < local_trees.size(); ++k) {
-        hb.trees.push_back({local_trees[k], trees[local_trees[k]].data_epoch, local_versions[k]});
-      }
-      hb.members = members;
       peers = members;
     }
     peers.erase(node_id);
-    std::string encoded = Encode(hb);
-    for (const auto& [id, peer_uri] : peers) {
-      if (stopping) break;
-      auto it = links.find(id);
-      if (it == links.end()) {
-        if (Clock::now() < next_dial[id]) continue;
-        next_dial[id] = Clock::now() + std::chrono::milliseconds(500);
-        auto r = DialPeerWithId(peer_uri);
-        if (!r.ok() || r->first != id) continue;
-        it = links.emplace(id, std::move(r->second)).first;
-      }
-      Status s = it->second->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded);
-      if (!s.ok()) links.erase(it);
-    }
     for (auto it = links.begin(); it != links.end();) {
       it = peers.count(it->first) ? std::next(it) : links.erase(it);
     }
+
+    // ---- SWIM: probe one member; ping-req through others on no answer ----
+    while (next < order.size() && !peers.count(order[next])) ++next;
+    if (next >= order.size()) {
+      order.clear();
+      for (const auto& [id, u] : peers) order.push_back(id);
+      std::shuffle(order.begin(), order.end(), rng);
+      next = 0;
+    }
+    if (next < order.size() && !stopping) {
+      const std::string target = order[next++];
+      const std::string target_uri = peers[target];
+      bool answered = false;
+      if (auto* conn = link_to(target, target_uri)) {
+        Heartbeat probe;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          probe = MakeHeartbeatLocked(Heartbeat::Kind::kProbe, ++seq, 0, 0);
+        }
+        auto ack = ProbeOn(*conn, probe, interval);
+        if (ack.ok()) {
+          answered = true;
+          if (!push_gossip(conn, *ack).ok()) links.erase(target);
+        } else if (!ack.status().IsTimeout()) {
+          links.erase(target);  // closed, reset: evidence, but ask others first
+        }
+      }
+      if (!answered && !stopping) {
+        // Indirect probes (ping-req) through up to k other members.
+        std::vector<std::string> helpers;
+        for (const auto& [id, u] : peers) {
+          if (id != target) helpers.push_back(id);
+        }
+        std::shuffle(helpers.begin(), helpers.end(), rng);
+        if (helpers.size() > kIndirectProbes) helpers.resize(kIndirectProbes);
+        ProbeRequest req{target, target_uri, ++seq, static_cast<uint32_t>(interval.count())};
+        std::string encoded = Encode(req);
+        std::vector<transport::Connection*> asked;
+        for (const auto& h : helpers) {
+          auto* conn = link_to(h, peers[h]);
+          if (!conn) continue;
+          metrics->MembershipSent(encoded.size());
+          if (conn->Send(static_cast<uint16_t>(MessageType::kProbeRequest), encoded).ok()) {
+            asked.push_back(conn);
+          } else {
+            links.erase(h);
+          }
+        }
+        Deadline deadline = Deadline::After(2 * interval);
+        transport::Connection* answered_by = nullptr;
+        for (auto* conn : asked) {
+          if (answered) break;
+          while (true) {
+            auto m = conn->Receive(deadline);
+            if (!m.ok()) break;
+            metrics->MembershipReceived(m->payload.size());
+            if (m->type != static_cast<uint16_t>(MessageType::kHeartbeat)) break;  // ERROR: no answer
+            auto hb = DecodeHeartbeat(m->payload);
+            if (!hb.ok()) break;
+            OnHeartbeat(*hb);
+            if (hb->node_id == target) {
+              answered = true;
+              answered_by = conn;
+              break;
+            }
+          }
+        }
+        // A helper that has not answered yet would answer later, on a link
+        // the next exchange expects something else on: drop those links.
+        for (const auto& h : helpers) {
+          auto it = links.find(h);
+          if (it == links.end() || it->second.get() == answered_by) continue;
+          if (std::find(asked.begin(), asked.end(), it->second.get()) != asked.end()) links.erase(it);
+        }
+        if (!answered) LostPeer(target);
+      }
+    }
+
+    // ---- Owners of trees we lead that have not subscribed: tell them ----
+    std::map<std::string, Heartbeat> hints;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [name, t] : trees) {
+        uint64_t epoch = 0;
+        if (!LeadsLocked(name, &epoch) || !store->HasTree(name)) continue;
+        for (const auto& owner : OwnersLocked(name)) {
+          if (owner == node_id || t.acked.count(owner) || !peers.count(owner)) continue;
+          auto& hb = hints[owner];
+          hb.node_id = node_id;
+          hb.kind = Heartbeat::Kind::kOneWay;
+          hb.trees.push_back({name, epoch, store->LatestVersion(name).value_or(0)});
+        }
+      }
+    }
+    for (auto& [owner, hb] : hints) {
+      if (stopping) break;
+      auto* conn = link_to(owner, peers[owner]);
+      if (!conn) continue;
+      hb.sequence = ++seq;
+      hb.members_digest = hb.trees_digest = 0;
+      std::string encoded = Encode(hb);
+      metrics->MembershipSent(encoded.size());
+      if (!conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(owner);
+    }
+
     StartReplicas();
     AddRaftMembers();
     ReapWorkers();
-    SleepFor(options.heartbeat_interval);
+    auto elapsed = Clock::now() - round_start;
+    if (elapsed < interval) {
+      SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(interval - elapsed));
+    }
   }
   for (auto& [id, c] : links) c->Close();
 }

@@ -1,61 +1,136 @@
 // Leader failover (node_impl.h): a replica that finds its tree's leader dead
-// and itself the live owner with the newest data takes the tree over through
-// the metadata raft (compare-and-set on the epoch).
+// asks the other owners for their state, and when a quorum of owners (itself
+// included) no longer follows that leader and none holds newer data, takes
+// the tree over through the metadata raft (compare-and-set on the epoch).
+//
+// Why a quorum that no longer follows: every QUORUM-acknowledged write is on
+// owners/2+1 owners, the leader included, so on at least owners/2 replicas.
+// A candidate that compared itself with owners/2+1 replicas meets at least
+// one of them. Those replicas stay off the old leader's epoch while the
+// candidate decides (hold_epoch), and an owner still following it vetoes,
+// so the versions compared are final for that epoch: a cut between the
+// candidate and a live leader, or a leader that restarts at once, cannot
+// make the new leader miss an acknowledged write. The raft CAS on the epoch
+// fences a deposed leader.
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "base/logging.h"
 #include "replication/node_impl.h"
+#include "transport/registry.h"
 
 namespace canopy::replication {
 
-// Takes over `tree` when its leader `dead.leader` has been silent long
-// enough and we are the live owner with the newest data.
+bool Node::Impl::HeldLocked(const std::string& tree_name, const Leadership& l) const {
+  auto it = trees.find(tree_name);
+  return it != trees.end() && it->second.hold_epoch == l.epoch && Clock::now() < it->second.hold_until;
+}
+
+TreeStateReply Node::Impl::HandleTreeStateRequest(const TreeStateRequest& req) {
+  TreeStateReply reply;
+  reply.tree = req.tree;
+  reply.node_id = node_id;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& t = trees[req.tree];
+  Leadership current = LeadershipLocked(req.tree);
+  // Still streaming from that leader at that epoch (the follow loop checks
+  // the hold under mu before applying anything, so "not following" here
+  // means nothing of that epoch is being applied or will be): veto. So do
+  // we when we know a newer leadership, or lead the tree ourselves.
+  bool following = t.following && t.following_leader == req.leader && t.following_epoch == req.epoch;
+  reply.leader_alive = following || current.epoch > req.epoch || current.leader == node_id;
+  if (!reply.leader_alive) {
+    t.hold_epoch = req.epoch;
+    t.hold_until = Clock::now() + options.failure_timeout;
+  }
+  reply.data_epoch = t.data_epoch;
+  reply.version = store->HasTree(req.tree) ? store->LatestVersion(req.tree).value_or(0) : 0;
+  return reply;
+}
+
+Result<TreeStateReply> Node::Impl::AskTreeState(const std::string& owner, const TreeStateRequest& req) {
+  std::string owner_uri;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    owner_uri = UriOfLocked(owner);
+  }
+  if (owner_uri.empty()) return Status::NotFound("URI of node " + owner + " unknown");
+  auto deadline = Deadline::After(std::max<std::chrono::milliseconds>(4 * options.heartbeat_interval,
+                                                                      std::chrono::milliseconds(300)));
+  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(owner_uri, topts));
+  if (!Register(conn.get())) return Status::Aborted("stopping");
+  auto ask = [&]() -> Result<TreeStateReply> {
+    CANOPY_ASSIGN_OR_RETURN(PeerIdentity id, DialerHandshake(*conn, hs, deadline));
+    if (id.node_id != owner) return Status::Unavailable(fmt::format("{} answers as node {}", owner_uri, id.node_id));
+    CANOPY_RETURN_IF_ERROR(SendMessage(*conn, req));
+    CANOPY_ASSIGN_OR_RETURN(auto m, conn->Receive(deadline));
+    if (m.type != static_cast<uint16_t>(MessageType::kTreeStateReply)) return UnexpectedMessage(m, "TREE_STATE_REPLY");
+    CANOPY_ASSIGN_OR_RETURN(TreeStateReply r, DecodeTreeStateReply(m.payload));
+    if (r.tree != req.tree || r.node_id != owner) return Status::Corruption("TREE_STATE_REPLY for another tree or node");
+    return r;
+  };
+  auto r = ask();
+  conn->Close();
+  Unregister(conn.get());
+  if (r.ok()) Heard(owner);
+  return r;
+}
+
+// Takes over `tree` when its leader `dead.leader` is dead and we are, among
+// a quorum of owners that no longer follow it, the one with the newest data.
 void Node::Impl::MaybeFailover(const std::string& tree_name, const Leadership& dead) {
-  auto detected = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!meta_synced || AliveLocked(dead.leader)) return;
-    // Just started: we have not heard anyone yet.
-    if (Clock::now() - started_at < 2 * options.failure_timeout) return;
+    // A leader we have not heard from since we started and have no evidence
+    // against (a refused or broken connection) is not known to be dead.
+    if (!detector.LastHeard(dead.leader) && !detector.HasLossEvidence(dead.leader) &&
+        Clock::now() - started_at < options.failure_timeout) {
+      return;
+    }
   }
-  // Let every live peer report its state after the leader stopped.
-  SleepFor(3 * options.heartbeat_interval);
+  // Our own state is final: our follow loop is here, not streaming.
   uint64_t my_version = store->HasTree(tree_name) ? store->LatestVersion(tree_name).value_or(0) : 0;
   uint64_t my_epoch = 0;
+  std::vector<std::string> owners;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (stopping || !(LeadershipLocked(tree_name) == dead) || AliveLocked(dead.leader)) return;
+    if (stopping || !(LeadershipLocked(tree_name) == dead)) return;
     my_epoch = trees[tree_name].data_epoch;
-    auto better = [](uint64_t e1, uint64_t v1, const std::string& id1, uint64_t e2, uint64_t v2,
-                     const std::string& id2) {
-      if (e1 != e2) return e1 > e2;
-      if (v1 != v2) return v1 > v2;
-      return id1 < id2;
-    };
-    // Every QUORUM-acknowledged write is on owners/2+1 owners, so only a
-    // candidate that has compared itself with a quorum of owners (itself
-    // included) knows it holds them all. An owner we merely do not hear
-    // from (cut link, just restarted) may hold newer acknowledged data:
-    // without a quorum of fresh reports, wait.
-    const auto owners = OwnersLocked(tree_name);
-    size_t compared = 1;  // ourselves
-    for (const auto& owner : owners) {
-      if (owner == node_id || owner == dead.leader || !AliveLocked(owner)) continue;
-      auto pit = peer_trees.find(owner);
-      if (pit == peer_trees.end()) return;
-      auto tit = pit->second.find(tree_name);
-      if (tit == pit->second.end() || tit->second.at < detected) return;  // no fresh report yet
-      if (better(tit->second.data_epoch, tit->second.version, owner, my_epoch, my_version, node_id)) return;
-      ++compared;
-    }
-    if (compared < owners.size() / 2 + 1) return;
+    owners = OwnersLocked(tree_name);
   }
-  CANOPY_LOG(kInfo, "node {}: leader {} of {} (epoch {}) is dead; taking over at version {}", node_id,
-             dead.leader, tree_name, dead.epoch, my_version);
+  auto better = [](uint64_t e1, uint64_t v1, const std::string& id1, uint64_t e2, uint64_t v2,
+                   const std::string& id2) {
+    if (e1 != e2) return e1 > e2;
+    if (v1 != v2) return v1 > v2;
+    return id1 < id2;
+  };
+  // Ask the other owners directly: no waiting for heartbeats to come round.
+  const TreeStateRequest req{tree_name, dead.leader, dead.epoch};
+  size_t compared = 1;  // ourselves
+  for (const auto& owner : owners) {
+    if (owner == node_id || owner == dead.leader || stopping) continue;
+    auto r = AskTreeState(owner, req);
+    if (!r.ok()) {
+      CANOPY_LOG(kDebug, "node {}: failover of {}: owner {} did not answer: {}", node_id, tree_name, owner,
+                 r.status().ToString());
+      continue;  // it counts toward no quorum
+    }
+    if (r->leader_alive) {
+      CANOPY_LOG(kDebug, "node {}: failover of {}: owner {} still follows leader {} (epoch {})", node_id,
+                 tree_name, owner, dead.leader, dead.epoch);
+      return;
+    }
+    if (better(r->data_epoch, r->version, owner, my_epoch, my_version, node_id)) return;  // it takes over
+    ++compared;
+  }
+  if (compared < owners.size() / 2 + 1) return;
   uint64_t expected = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (stopping || !(LeadershipLocked(tree_name) == dead) || AliveLocked(dead.leader)) return;
     auto it = meta_trees.find(tree_name);
     if (it == meta_trees.end()) {
       // Created without the metadata service: its epoch-1 leader is not
@@ -65,8 +140,34 @@ void Node::Impl::MaybeFailover(const std::string& tree_name, const Leadership& d
     }
     expected = it->second.epoch;
   }
-  auto epoch = meta->CompareAndSetLeader(tree_name, expected, std::stoull(node_id), my_version,
-                                         Deadline::After(std::chrono::seconds(5)));
+  CANOPY_LOG(kInfo, "node {}: leader {} of {} (epoch {}) is dead; taking over at version {} ({} of {} owners compared)",
+             node_id, dead.leader, tree_name, dead.epoch, my_version, compared, owners.size());
+  // The raft may be electing (its leader may have died with the tree's):
+  // retry while it is unavailable. A CAS whose answer was lost may have
+  // landed: a later Conflict is then checked against the metadata.
+  const uint64_t me = std::stoull(node_id);
+  Result<uint64_t> epoch = Status::Unavailable("not tried");
+  bool ambiguous = false;
+  auto deadline = Deadline::After(std::chrono::seconds(5));
+  for (int attempt = 0; !stopping; ++attempt) {
+    epoch = meta->CompareAndSetLeader(tree_name, expected, me, my_version, deadline);
+    if (epoch.ok()) break;
+    if (epoch.status().code() == StatusCode::kConflict && ambiguous) {
+      auto state = meta->ReadLinearizable(Deadline::After(std::chrono::seconds(2)));
+      if (state.ok()) {
+        auto it = state->trees.find(tree_name);
+        if (it != state->trees.end() && it->second.leader_node == me && it->second.epoch == expected + 1 &&
+            it->second.leader_version == my_version) {
+          epoch = it->second.epoch;
+        }
+      }
+      break;
+    }
+    if (!epoch.status().IsUnavailable() && !epoch.status().IsTimeout()) break;
+    if (deadline.expired()) break;
+    ambiguous = ambiguous || epoch.status().IsTimeout();
+    SleepFor(std::chrono::milliseconds(std::min(10 + 10 * attempt, 50)));
+  }
   if (!epoch.ok()) {
     CANOPY_LOG(kInfo, "node {}: takeover of {} failed: {}", node_id, tree_name, epoch.status().ToString());
     return;
@@ -79,7 +180,7 @@ void Node::Impl::MaybeFailover(const std::string& tree_name, const Leadership& d
   t.data_epoch = *epoch;
   t.acked.clear();
   PersistEpochsLocked();
-  meta::TreeLeader tl{tree_name, std::stoull(node_id), *epoch, my_version};
+  meta::TreeLeader tl{tree_name, me, *epoch, my_version};
   auto& cached = meta_trees[tree_name];
   if (cached.epoch < *epoch) cached = tl;
   cv.notify_all();

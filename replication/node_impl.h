@@ -6,11 +6,13 @@
 //
 //   node.cc           lifecycle (Init, Stop, threads), accept + message dispatch
 //   node_cluster.cc   cluster view: members, ring, leadership, epochs,
-//                     heartbeats sent and received, replica start-up
+//                     membership (SWIM probes, gossip, the failure detector),
+//                     replica start-up
 //   node_leader.cc    the leader's stream to one subscribed replica
 //                     (snapshot, then deltas; ACKs in)
 //   node_replica.cc   a replica's follow loop (SUBSCRIBE, apply, ACK)
-//   node_failover.cc  taking over a tree whose leader went silent
+//   node_failover.cc  taking over a tree whose leader died: asking the other
+//                     owners for their state, and answering such asks
 //   node_client.cc    client requests: COMMIT, READ, STATUS, CREATE_TREE
 //
 // Lock discipline (the same in every file):
@@ -27,6 +29,7 @@
 //     which the transport allows (one sender and one receiver at a time).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -45,6 +48,7 @@
 #include "base/file.h"
 #include "base/metrics.h"
 #include "base/result.h"
+#include "replication/failure_detector.h"
 #include "replication/handshake.h"
 #include "replication/meta/metadata.h"
 #include "replication/node.h"
@@ -65,7 +69,18 @@ inline constexpr size_t kDeltaBatchBytes = 4u << 20;
 inline constexpr int kMaxServedConnections = 1024;
 
 struct Node::Impl {
-  explicit Impl(const NodeOptions& o) : options(o), ring(o.ring) {}
+  explicit Impl(const NodeOptions& o) : options(o), detector(DetectorOptions(o)), ring(o.ring) {}
+  static FailureDetectorOptions DetectorOptions(const NodeOptions& o) {
+    FailureDetectorOptions d;
+    d.expected_interval = o.heartbeat_interval;
+    // Lenient on purpose: a closed or refused connection is the fast path
+    // (SIGKILL, crash); phi covers silent peers, and a false suspicion of a
+    // live leader on a starved machine costs a needless failover. With a
+    // steady 100 ms rhythm phi reaches 8 after ~480 ms of silence.
+    d.min_stddev = std::max<std::chrono::milliseconds>(o.heartbeat_interval / 2, std::chrono::milliseconds(5));
+    d.acceptable_pause = o.heartbeat_interval;
+    return d;
+  }
   ~Impl() { Stop(); }
 
   // ---- identity and resources, set by Init() and constant afterwards ----
@@ -84,7 +99,9 @@ struct Node::Impl {
   std::mutex mu;
   std::condition_variable cv;                  // commits, acks, membership, leadership, stop
   std::map<std::string, std::string> members;  // node id -> URI, self included
-  std::map<std::string, Clock::time_point> last_heard;
+  // Liveness of every peer: arrivals (any message) and loss evidence
+  // (refused / closed / reset connections, unanswered probes).
+  FailureDetector detector;
   Ring ring;
   std::set<std::string> known_trees;
   struct TreeReplication {
@@ -97,14 +114,18 @@ struct Node::Impl {
     uint64_t data_epoch = 0;
     uint64_t predecessor_epoch = 0;
     uint64_t takeover_version = 0;
+    // Replica: the leader and epoch our follow loop is streaming from right
+    // now (following = subscribed and receiving), for TREE_STATE_REPLY.
+    bool following = false;
+    std::string following_leader;
+    uint64_t following_epoch = 0;
+    // Replica: we told a failover candidate that the leader of hold_epoch is
+    // dead; until hold_until we do not follow that epoch again (so that the
+    // version we reported stays our last from that epoch).
+    uint64_t hold_epoch = 0;
+    Clock::time_point hold_until{};
   };
   std::map<std::string, TreeReplication> trees;
-  struct PeerTree {
-    uint64_t data_epoch = 0;
-    uint64_t version = 0;
-    Clock::time_point at;
-  };
-  std::map<std::string, std::map<std::string, PeerTree>> peer_trees;  // peer -> tree -> state
   std::vector<std::string> unresolved_seeds;  // --seed URIs whose node id we do not know yet
   Clock::time_point started_at = Clock::now();
 
@@ -180,14 +201,32 @@ struct Node::Impl {
   void PersistEpochsLocked();
   void SetDataEpochLocked(const std::string& tree, uint64_t epoch);
   std::string UriOfLocked(const std::string& id) const;
-  // Heard from within failure_timeout (always true for ourselves).
+  // Not suspected by the failure detector (always true for ourselves).
   bool AliveLocked(const std::string& id) const;
+  // Any message from `id` arrived now / a connection to it was refused,
+  // closed or reset, or a probe went unanswered.
+  void HeardLocked(const std::string& id) { detector.Heard(id, Clock::now()); }
+  void Heard(const std::string& id);
+  void LostPeer(const std::string& id);
   // Dials and authenticates a peer; its node id and the connection.
   Result<std::pair<std::string, std::unique_ptr<transport::Connection>>> DialPeerWithId(
       const std::string& peer_uri);
+  // Merges a HEARTBEAT (any kind): liveness, members, raft address, trees.
   void OnHeartbeat(const Heartbeat& hb);
-  // Resolves seeds, heartbeats every member, starts replicas, reaps workers:
-  // once per heartbeat_interval until stopping.
+  // This node's HEARTBEAT of `kind`; with full gossip sets when the peer's
+  // digests (members, trees) differ from ours.
+  Heartbeat MakeHeartbeatLocked(Heartbeat::Kind kind, uint64_t sequence, uint64_t peer_members_digest,
+                                uint64_t peer_trees_digest);
+  // A peer's PROBE on a served connection: merge it, answer with our ack.
+  Status AnswerProbe(transport::Connection& conn, const Heartbeat& probe);
+  // A peer's PROBE_REQUEST: probe the target ourselves, relay its ack.
+  Status AnswerProbeRequest(transport::Connection& conn, const ProbeRequest& req);
+  // Sends `probe` on `conn` and waits up to `timeout` for the ack of the
+  // same sequence (merged on arrival).
+  Result<Heartbeat> ProbeOn(transport::Connection& conn, const Heartbeat& probe, std::chrono::milliseconds timeout);
+  // Resolves seeds, runs one SWIM round (probe one member, ping-req through
+  // others when it does not answer, gossip piggybacked), hints unsubscribed
+  // owners, starts replicas, reaps workers: once per heartbeat_interval.
   void MaintenanceLoop();
   // On the raft leader: adds members that announced a raft address but are
   // not in the raft group yet (a joining node started with --raft and no
@@ -210,15 +249,25 @@ struct Node::Impl {
   // ================================================ node_replica.cc: replica follow
   // Follows `tree_name` from its leader while we own it and do not lead it.
   void ReplicaLoop(std::string tree_name);
-  Status FollowOnce(const std::string& tree_name, const Leadership& l, const std::string& leader_uri);
-  Status FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l);
+  // One subscription; *reached is set once the leader answered the handshake
+  // (so that a failure before it is evidence against the leader).
+  Status FollowOnce(const std::string& tree_name, const Leadership& l, const std::string& leader_uri,
+                    bool* reached);
+  Status FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l, bool* reached);
   Status SendAck(transport::Connection& conn, const std::string& tree_name, uint64_t epoch,
                  uint64_t snapshots_installed, uint64_t* last_acked);
 
   // ================================================ node_failover.cc
-  // Takes over `tree` when its leader `dead.leader` has been silent long
-  // enough and we are the live owner with the newest data.
+  // Takes over `tree` when its leader `dead.leader` is dead (failure
+  // detector) and, among a quorum of owners that answer TREE_STATE_REQUEST
+  // and no longer follow that leader, we hold the newest data.
   void MaybeFailover(const std::string& tree_name, const Leadership& dead);
+  // Asks `owner` for its state of the tree (a short, bounded exchange).
+  Result<TreeStateReply> AskTreeState(const std::string& owner, const TreeStateRequest& req);
+  // Answers a candidate's TREE_STATE_REQUEST (see protocol.h).
+  TreeStateReply HandleTreeStateRequest(const TreeStateRequest& req);
+  // True while we promised a candidate not to follow `l` (hold_epoch).
+  bool HeldLocked(const std::string& tree_name, const Leadership& l) const;
 
   // ================================================ node_client.cc: client requests
   // Leader check for a request; fills a redirect (Unavailable + leader URI) when not.

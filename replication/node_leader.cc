@@ -89,7 +89,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
       // A replica whose history is not ours reports its own durable
       // version until our snapshot replaced it: liveness only, no claim.
       if (trusted || ack->snapshots_installed > 0) trees[sub.tree].acked[peer.node_id] = ack->durable_version;
-      last_heard[peer.node_id] = Clock::now();
+      HeardLocked(peer.node_id);
       cv.notify_all();
     } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
       auto hb = DecodeHeartbeat(m->payload);

@@ -27,6 +27,10 @@ constexpr char kSnapshotStreams[] = "canopy_snapshot_streams_total";
 constexpr char kSnapshotStreamsHelp[] = "Tree snapshots streamed to replicas (sent) or installed from the leader.";
 constexpr char kSnapshotBytes[] = "canopy_snapshot_bytes_total";
 constexpr char kSnapshotBytesHelp[] = "Bytes of snapshot chunks sent to replicas or installed from the leader.";
+constexpr char kMembership[] = "canopy_membership_messages_total";
+constexpr char kMembershipHelp[] = "Membership messages (SWIM probes, acks, ping-reqs, gossip), leader streams excluded.";
+constexpr char kMembershipBytes[] = "canopy_membership_bytes_total";
+constexpr char kMembershipBytesHelp[] = "Payload bytes of membership messages.";
 
 }  // namespace
 
@@ -41,7 +45,14 @@ NodeMetrics::NodeMetrics(const std::string& node_id)
       snapshot_bytes_installed_(metrics::GetCounter(kSnapshotBytes, kSnapshotBytesHelp,
                                                     {{"node", node_id}, {"direction", "installed"}})),
       failovers_(metrics::GetCounter("canopy_failovers_total", "Leader takeovers this node won.",
-                                     {{"node", node_id}})) {
+                                     {{"node", node_id}})),
+      membership_sent_(metrics::GetCounter(kMembership, kMembershipHelp, {{"node", node_id}, {"direction", "sent"}})),
+      membership_received_(
+          metrics::GetCounter(kMembership, kMembershipHelp, {{"node", node_id}, {"direction", "received"}})),
+      membership_bytes_sent_(
+          metrics::GetCounter(kMembershipBytes, kMembershipBytesHelp, {{"node", node_id}, {"direction", "sent"}})),
+      membership_bytes_received_(metrics::GetCounter(kMembershipBytes, kMembershipBytesHelp,
+                                                     {{"node", node_id}, {"direction", "received"}})) {
   for (ConsistencyLevel level : {ConsistencyLevel::kOne, ConsistencyLevel::kQuorum, ConsistencyLevel::kAll}) {
     for (int outcome = 0; outcome < 4; ++outcome) {
       commits_[LevelIndex(level)][outcome] = &metrics::GetCounter(
@@ -86,6 +97,16 @@ void NodeMetrics::SetTree(const std::string& tree, uint64_t epoch, uint64_t vers
       .Set(static_cast<double>(epoch));
   metrics::GetGauge("canopy_tree_version", "Latest version of the tree on this node.", labels)
       .Set(static_cast<double>(version));
+}
+
+void NodeMetrics::MembershipSent(size_t bytes) {
+  membership_sent_.Increment();
+  membership_bytes_sent_.Increment(static_cast<double>(bytes));
+}
+
+void NodeMetrics::MembershipReceived(size_t bytes) {
+  membership_received_.Increment();
+  membership_bytes_received_.Increment(static_cast<double>(bytes));
 }
 
 }  // namespace canopy::replication

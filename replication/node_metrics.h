@@ -13,6 +13,8 @@
 //   canopy_snapshot_streams_total{node, direction}           snapshots sent / installed
 //   canopy_snapshot_bytes_total{node, direction}
 //   canopy_failovers_total{node}                             takeovers this node won
+//   canopy_membership_messages_total{node, direction}        membership probes, acks, ping-reqs and
+//   canopy_membership_bytes_total{node, direction}           gossip (sent / received), leader streams excluded
 //
 // Thread safety: every hook may be called from any thread (lock-free).
 #pragma once
@@ -36,6 +38,9 @@ class NodeMetrics {
   void SnapshotSent(uint64_t bytes);
   void SnapshotInstalled(uint64_t bytes);
   void Failover();
+  // One membership message (probe, ack, ping-req, gossip) of `bytes` payload bytes.
+  void MembershipSent(size_t bytes);
+  void MembershipReceived(size_t bytes);
 
   // Refresher helpers (see the list above).
   void SetReplica(const std::string& tree, const std::string& replica, uint64_t acked, uint64_t latest);
@@ -66,6 +71,10 @@ class NodeMetrics {
   prometheus::Counter& snapshots_installed_;
   prometheus::Counter& snapshot_bytes_installed_;
   prometheus::Counter& failovers_;
+  prometheus::Counter& membership_sent_;
+  prometheus::Counter& membership_received_;
+  prometheus::Counter& membership_bytes_sent_;
+  prometheus::Counter& membership_bytes_received_;
 };
 
 }  // namespace canopy::replication

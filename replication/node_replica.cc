@@ -14,9 +14,13 @@ namespace canopy::replication {
 
 void Node::Impl::ReplicaLoop(std::string tree_name) {
   CANOPY_LOG(kInfo, "node {}: replicating {}", node_id, tree_name);
+  // Pause between failed attempts: short at first (a leader that restarts,
+  // a new leader that is about to be known), up to 100 ms.
+  auto pause = std::chrono::milliseconds(0);
   while (!stopping) {
     Leadership l;
     std::string leader_uri;
+    bool held = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto owners = OwnersLocked(tree_name);
@@ -24,13 +28,34 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
       l = LeadershipLocked(tree_name);
       if (!owner || l.leader == node_id || l.leader.empty()) break;
       leader_uri = UriOfLocked(l.leader);
+      held = HeldLocked(tree_name, l);
     }
-    Status s =
-        leader_uri.empty() ? Status::NotFound("leader URI unknown") : FollowOnce(tree_name, l, leader_uri);
+    bool reached = false;
+    Status s;
+    if (held) {
+      s = Status::Unavailable("holding off the old leader for a failover candidate");
+    } else if (leader_uri.empty()) {
+      s = Status::NotFound("leader URI unknown");
+    } else {
+      s = FollowOnce(tree_name, l, leader_uri, &reached);
+    }
     if (stopping) break;
     CANOPY_LOG(kDebug, "node {}: following {} from {}: {}", node_id, tree_name, l.leader, s.ToString());
+    // Refused, reset or closed before the leader answered the handshake:
+    // evidence that the leader is dead, now.
+    if (!held && !leader_uri.empty() && !reached && s.code() != StatusCode::kAborted) LostPeer(l.leader);
+    // (Held or not: the hold keeps us off the old leader, not from taking over.)
     if (meta) MaybeFailover(tree_name, l);
-    SleepFor(std::chrono::milliseconds(100));
+    // A stream that worked and broke: redial at once (a refused redial tells
+    // a dead leader from a closed stream). Otherwise wait a little, or until
+    // the leadership changes.
+    pause = reached ? std::chrono::milliseconds(0)
+                    : std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(2 * pause, std::chrono::milliseconds(10)),
+                                                          std::chrono::milliseconds(100));
+    if (pause.count() > 0) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, pause, [&] { return stopping || !(LeadershipLocked(tree_name) == l); });
+    }
   }
   std::lock_guard<std::mutex> lock(mu);
   trees[tree_name].replica_running = false;
@@ -43,21 +68,28 @@ Status Node::Impl::SendAck(transport::Connection& conn, const std::string& tree_
   return SendMessage(conn, Ack{tree_name, epoch, durable, snapshots_installed});
 }
 
-Status Node::Impl::FollowOnce(const std::string& tree_name, const Leadership& l,
-                              const std::string& leader_uri) {
+Status Node::Impl::FollowOnce(const std::string& tree_name, const Leadership& l, const std::string& leader_uri,
+                              bool* reached) {
   CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(leader_uri, topts));
   if (!Register(conn.get())) return Status::Aborted("stopping");
-  Status s = FollowOn(*conn, tree_name, l);
+  Status s = FollowOn(*conn, tree_name, l, reached);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    trees[tree_name].following = false;
+  }
   conn->Close();
   Unregister(conn.get());
   return s;
 }
 
-Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l) {
+Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l,
+                            bool* reached) {
   const std::string& leader = l.leader;
   const uint64_t epoch = l.epoch;
   CANOPY_ASSIGN_OR_RETURN(PeerIdentity id,
                           DialerHandshake(conn, hs, Deadline::After(std::chrono::seconds(3))));
+  *reached = true;
+  Heard(id.node_id);
   if (id.node_id != leader) {
     return Status::Unavailable(
         fmt::format("{} answers as node {}, expected leader {}", conn.peer_uri(), id.node_id, leader));
@@ -77,17 +109,26 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
   uint64_t snapshot_bytes = 0;  // of the snapshot being installed (metrics)
   auto last_message = Clock::now();
   auto last_keepalive = Clock::now();
-  auto check_epoch = [&](uint64_t msg_epoch) -> Status {
+  // Under mu, before anything of this epoch is applied: the leadership is
+  // still `l`, and we did not promise a failover candidate to stay off it
+  // (HandleTreeStateRequest checks `following` under the same lock).
+  auto check_epoch = [&](uint64_t msg_epoch, bool data_follows = true) -> Status {
     if (msg_epoch != epoch) {
       return Status::Conflict(
           fmt::format("message of epoch {} on a stream of epoch {}: refused", msg_epoch, epoch));
     }
     std::lock_guard<std::mutex> lock(mu);
+    HeardLocked(leader);
     if (!(LeadershipLocked(tree_name) == l)) {
       return Status::Conflict(
           fmt::format("leadership of {} moved past node {} epoch {}", tree_name, leader, epoch));
     }
-    SetDataEpochLocked(tree_name, epoch);
+    if (HeldLocked(tree_name, l)) return Status::Aborted("holding off the old leader for a failover candidate");
+    auto& t = trees[tree_name];
+    t.following = true;
+    t.following_leader = leader;
+    t.following_epoch = epoch;
+    if (data_follows) SetDataEpochLocked(tree_name, epoch);
     return Status::Ok();
   };
   while (!stopping) {
@@ -100,6 +141,14 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
       {
         std::lock_guard<std::mutex> lock(mu);
         if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
+        // Silent longer than its own rhythm explains (phi-accrual).
+        if (detector.Suspected(leader, Clock::now())) {
+          return Status::Timeout(fmt::format("leader {} of {} silent for {} ms (phi {:.1f})", leader, tree_name,
+                                             std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 Clock::now() - last_message)
+                                                 .count(),
+                                             detector.Phi(leader, Clock::now())));
+        }
       }
       CANOPY_RETURN_IF_ERROR(
           SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));  // keepalive + durable progress
@@ -142,6 +191,7 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
         if (c.index != expected_chunk++) return Status::Corruption("snapshot chunk out of order");
         CANOPY_RETURN_IF_ERROR(installer->AddChunk(c.data));
         snapshot_bytes += c.data.size();
+        Heard(leader);
         // While chunks keep arriving this loop never times out, so nothing
         // else tells the leader we are alive; a long snapshot would then be
         // dropped after failure_timeout and restarted from scratch. Repeat
@@ -176,11 +226,7 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
           if (t.tree == tree_name && t.epoch != epoch)
             return Status::Conflict("HEARTBEAT of another epoch: refused");
         }
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          last_heard[leader] = Clock::now();
-          if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
-        }
+        CANOPY_RETURN_IF_ERROR(check_epoch(epoch, /*data_follows=*/false));
         uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
         if (durable != last_acked) {
           CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));

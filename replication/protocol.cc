@@ -1,6 +1,7 @@
 #include "replication/protocol.h"
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cctype>
@@ -171,6 +172,9 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kStatusReply: return "STATUS_REPLY";
     case MessageType::kCreateTreeRequest: return "CREATE_TREE";
     case MessageType::kCreateTreeReply: return "CREATE_TREE_REPLY";
+    case MessageType::kProbeRequest: return "PROBE_REQUEST";
+    case MessageType::kTreeStateRequest: return "TREE_STATE_REQUEST";
+    case MessageType::kTreeStateReply: return "TREE_STATE_REPLY";
   }
   return fmt::format("UNKNOWN(0x{:04x})", type);
 }
@@ -225,6 +229,9 @@ TYPE_OF(StatusRequest, kStatusRequest)
 TYPE_OF(StatusReply, kStatusReply)
 TYPE_OF(CreateTreeRequest, kCreateTreeRequest)
 TYPE_OF(CreateTreeReply, kCreateTreeReply)
+TYPE_OF(ProbeRequest, kProbeRequest)
+TYPE_OF(TreeStateRequest, kTreeStateRequest)
+TYPE_OF(TreeStateReply, kTreeStateReply)
 #undef TYPE_OF
 
 // ---- HELLO / CHALLENGE / AUTH / WELCOME ----
@@ -436,6 +443,10 @@ std::string Encode(const Heartbeat& m) {
     w.Bytes(uri);
   }
   w.Bytes(m.raft_address);
+  w.U8(static_cast<uint8_t>(m.kind));
+  w.U64(m.members_digest);
+  w.U64(m.trees_digest);
+  w.StringList(m.tree_names);
   return w.Finish();
 }
 Result<Heartbeat> DecodeHeartbeat(std::string_view payload) {
@@ -460,6 +471,97 @@ Result<Heartbeat> DecodeHeartbeat(std::string_view payload) {
     }
   }
   CANOPY_ASSIGN_OR_RETURN(m.raft_address, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(uint8_t kind, r.U8());
+  if (kind > static_cast<uint8_t>(Heartbeat::Kind::kProbeAck)) {
+    return Status::Corruption(fmt::format("HEARTBEAT: unknown kind {}", kind));
+  }
+  m.kind = static_cast<Heartbeat::Kind>(kind);
+  CANOPY_ASSIGN_OR_RETURN(m.members_digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.trees_digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.tree_names, r.StringList(kMaxNameBytes));
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+uint64_t GossipDigest(const std::map<std::string, std::string>& members) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0x6d656d62);
+  for (const auto& [id, uri] : members) {
+    std::string entry = id + '\0' + uri + '\n';
+    XXH64_update(st, entry.data(), entry.size());
+  }
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+uint64_t GossipDigest(const std::set<std::string>& tree_names) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0x74726565);
+  for (const auto& name : tree_names) {
+    XXH64_update(st, name.data(), name.size());
+    XXH64_update(st, "\n", 1);
+  }
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  return h;
+}
+
+// ---- PROBE_REQUEST / TREE_STATE_REQUEST / TREE_STATE_REPLY ----
+
+std::string Encode(const ProbeRequest& m) {
+  PayloadWriter w(MessageType::kProbeRequest);
+  w.Bytes(m.target_id);
+  w.Bytes(m.target_uri);
+  w.U64(m.sequence);
+  w.U32(m.timeout_ms);
+  return w.Finish();
+}
+Result<ProbeRequest> DecodeProbeRequest(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kProbeRequest);
+  ProbeRequest m;
+  CANOPY_ASSIGN_OR_RETURN(m.target_id, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.target_uri, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.sequence, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.timeout_ms, r.U32());
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const TreeStateRequest& m) {
+  PayloadWriter w(MessageType::kTreeStateRequest);
+  w.Bytes(m.tree);
+  w.Bytes(m.leader);
+  w.U64(m.epoch);
+  return w.Finish();
+}
+Result<TreeStateRequest> DecodeTreeStateRequest(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kTreeStateRequest);
+  TreeStateRequest m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.leader, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const TreeStateReply& m) {
+  PayloadWriter w(MessageType::kTreeStateReply);
+  w.Bytes(m.tree);
+  w.Bytes(m.node_id);
+  w.U64(m.data_epoch);
+  w.U64(m.version);
+  w.Bool(m.leader_alive);
+  return w.Finish();
+}
+Result<TreeStateReply> DecodeTreeStateReply(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kTreeStateReply);
+  TreeStateReply m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.node_id, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.data_epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.leader_alive, r.Bool());
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,7 +47,9 @@ namespace canopy::replication {
 
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: ACK carries snapshots_installed
+// 2: ACK carries snapshots_installed; 3: HEARTBEAT probes (SWIM) and gossip
+// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY.
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
 
@@ -77,6 +80,10 @@ enum class MessageType : uint16_t {
   kStatusReply = 0x0125,
   kCreateTreeRequest = 0x0126,
   kCreateTreeReply = 0x0127,
+  // Membership and failover (0x0130-0x013f).
+  kProbeRequest = 0x0130,
+  kTreeStateRequest = 0x0131,
+  kTreeStateReply = 0x0132,
 };
 
 // "HELLO", "DELTA", ... or "UNKNOWN(0x....)".
@@ -179,7 +186,21 @@ struct Ack {
   bool operator==(const Ack&) const = default;
 };
 
+// HEARTBEAT: liveness plus piggybacked state. Three kinds travel with the
+// same layout:
+//   kOneWay    on a leader stream (trees = the streamed tree at the stream's
+//              epoch) or as a hint to an owner that has not subscribed yet;
+//              no reply.
+//   kProbe     a SWIM probe (ping) on a membership link; the receiver answers
+//              on the same connection with a kProbeAck of the same sequence.
+//   kProbeAck  the answer to a probe.
+// Gossip is digest-first: members_digest / trees_digest summarise the
+// sender's member map and known tree names (GossipDigest), and the full
+// `members` / `tree_names` are included only when the receiver's digest is
+// known to differ (a probe carries digests only; its ack carries the full
+// sets the prober lacks), so that an idle node's bytes do not grow with N.
 struct Heartbeat {
+  enum class Kind : uint8_t { kOneWay = 0, kProbe = 1, kProbeAck = 2 };
   std::string node_id;
   uint64_t sequence = 0;
   // Per tree: the sender's data epoch (see Subscribe) and latest version.
@@ -195,7 +216,48 @@ struct Heartbeat {
   // The sender's metadata raft address (empty without one): the raft leader
   // adds members it does not have yet to the raft group.
   std::string raft_address;
+  Kind kind = Kind::kOneWay;
+  uint64_t members_digest = 0;
+  uint64_t trees_digest = 0;
+  std::vector<std::string> tree_names;  // known tree names (gossip), see above
   bool operator==(const Heartbeat&) const = default;
+};
+
+// XXH64 over the sorted entries: the digest HEARTBEAT gossip compares.
+uint64_t GossipDigest(const std::map<std::string, std::string>& members);
+uint64_t GossipDigest(const std::set<std::string>& tree_names);
+
+// PROBE_REQUEST (SWIM ping-req): the receiver probes `target` itself and
+// answers with the target's kProbeAck HEARTBEAT, or ERROR Unavailable when
+// the target did not answer within timeout_ms.
+struct ProbeRequest {
+  std::string target_id;
+  std::string target_uri;
+  uint64_t sequence = 0;
+  uint32_t timeout_ms = 0;
+  bool operator==(const ProbeRequest&) const = default;
+};
+
+// TREE_STATE_REQUEST: a candidate for taking over `tree` (whose leader
+// `leader` at `epoch` it finds dead) asks another owner for its state.
+// TREE_STATE_REPLY: the owner's data epoch and latest version of the tree,
+// and whether it still follows that leader at that epoch (leader_alive). An
+// owner that answers leader_alive = false also stops following that leader
+// at that epoch for a while (see node_failover.cc), so that the version it
+// reported stays its last one from that epoch while the candidate decides.
+struct TreeStateRequest {
+  std::string tree;
+  std::string leader;
+  uint64_t epoch = 0;
+  bool operator==(const TreeStateRequest&) const = default;
+};
+struct TreeStateReply {
+  std::string tree;
+  std::string node_id;
+  uint64_t data_epoch = 0;
+  uint64_t version = 0;
+  bool leader_alive = false;
+  bool operator==(const TreeStateReply&) const = default;
 };
 
 struct ErrorMessage {
@@ -330,6 +392,9 @@ std::string Encode(const StatusRequest& m);
 std::string Encode(const StatusReply& m);
 std::string Encode(const CreateTreeRequest& m);
 std::string Encode(const CreateTreeReply& m);
+std::string Encode(const ProbeRequest& m);
+std::string Encode(const TreeStateRequest& m);
+std::string Encode(const TreeStateReply& m);
 
 // The frame type each message travels with.
 MessageType TypeOf(const Hello&);
@@ -352,6 +417,9 @@ MessageType TypeOf(const StatusRequest&);
 MessageType TypeOf(const StatusReply&);
 MessageType TypeOf(const CreateTreeRequest&);
 MessageType TypeOf(const CreateTreeReply&);
+MessageType TypeOf(const ProbeRequest&);
+MessageType TypeOf(const TreeStateRequest&);
+MessageType TypeOf(const TreeStateReply&);
 
 // Decoders: Corruption (with the reason) on anything malformed.
 Result<Hello> DecodeHello(std::string_view payload);
@@ -374,5 +442,8 @@ Result<StatusRequest> DecodeStatusRequest(std::string_view payload);
 Result<StatusReply> DecodeStatusReply(std::string_view payload);
 Result<CreateTreeRequest> DecodeCreateTreeRequest(std::string_view payload);
 Result<CreateTreeReply> DecodeCreateTreeReply(std::string_view payload);
+Result<ProbeRequest> DecodeProbeRequest(std::string_view payload);
+Result<TreeStateRequest> DecodeTreeStateRequest(std::string_view payload);
+Result<TreeStateReply> DecodeTreeStateReply(std::string_view payload);
 
 }  // namespace canopy::replication

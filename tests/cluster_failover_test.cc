@@ -222,8 +222,10 @@ TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
   ASSERT_TRUE(c.Start(old_leader));
   ASSERT_TRUE(WaitUntil(
       [&] {
+        // The installed version is visible a moment before the install is
+        // counted: wait for both (a wait that ends without a snapshot fails).
         auto t = c.TreeState(old_leader, "ha");
-        return t && t->role == "replica" && t->durable_version == version;
+        return t && t->role == "replica" && t->durable_version == version && t->snapshots_received >= 1;
       },
       std::chrono::seconds(20)))
       << c.Log(old_leader);

@@ -164,7 +164,7 @@ int RunNode(int argc, char** argv) {
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
-  uint32_t heartbeat_ms = 100, failure_ms = 1500;
+  uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
   po::options_description d("canopy node options");
@@ -200,8 +200,13 @@ int RunNode(int argc, char** argv) {
        "latest); kept across restarts, and by replicas too")
       ("keep-seconds", po::value(&keep_seconds)->default_value(0),
        "also keep every version superseded less than this many seconds ago (0: off)")
-      ("heartbeat-ms", po::value(&heartbeat_ms)->default_value(100), "heartbeat interval")
-      ("failure-ms", po::value(&failure_ms)->default_value(1500), "a peer silent this long is considered dead")
+      ("heartbeat-ms", po::value(&heartbeat_ms)->default_value(100),
+       "membership round (one SWIM probe of one member) and leader-stream heartbeat interval")
+      ("failure-ms", po::value(&failure_ms)->default_value(1500),
+       "a leader stream silent this long is dead even if the phi-accrual detector has not said so (a closed or "
+       "refused connection is evidence at once)")
+      ("raft-election-ms", po::value(&raft_election_ms)->default_value(150),
+       "metadata raft election timeout (randomized in [t, 2t); its heartbeat is t/5)")
       ("install-fsync", po::value(&install_fsync)->default_value("finish"),
        "snapshot installs (replica catch-up, node join): finish (one fsync per tree once it is complete) or "
        "each-chunk (fsync after every received chunk; for benchmarks)")
@@ -283,6 +288,9 @@ int RunNode(int argc, char** argv) {
   o.ring.vnodes_per_node = vnodes;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   o.failure_timeout = std::chrono::milliseconds(failure_ms);
+  if (heartbeat_ms == 0 || failure_ms <= heartbeat_ms) throw UsageError("need 0 < --heartbeat-ms < --failure-ms");
+  if (raft_election_ms < 10) throw UsageError("--raft-election-ms must be at least 10");
+  o.raft_election_timeout = std::chrono::milliseconds(raft_election_ms);
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
