@@ -88,7 +88,10 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
       std::lock_guard<std::mutex> lock(mu);
       // A replica whose history is not ours reports its own durable
       // version until our snapshot replaced it: liveness only, no claim.
-      if (trusted || ack->snapshots_installed > 0) trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+      if (trusted || ack->snapshots_installed > 0) {
+        trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+        WakeCommitWaitersLocked(sub.tree);
+      }
       last_heard[peer.node_id] = Clock::now();
       cv.notify_all();
     } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
@@ -166,12 +169,18 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
       CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
       continue;
     }
+    if (deltas->size() == 1) {
+      CANOPY_RETURN_IF_ERROR(SendMessage(conn, Delta{tree_name, epoch, sent, sent + 1, std::move(deltas->front())}));
+      ++sent;
+      continue;
+    }
     if (!deltas->empty()) {
-      for (auto& d : *deltas) {
-        Delta msg{tree_name, epoch, sent, sent + 1, std::move(d)};
-        CANOPY_RETURN_IF_ERROR(SendMessage(conn, msg));
-        ++sent;
-      }
+      // Several ready (commits arrived while the last frame was out): one
+      // frame, one WAL sync and one ACK on the replica for all of them.
+      // Nothing waits for earlier ACKs: the stream runs ahead of them.
+      DeltaBatch batch{tree_name, epoch, sent, std::move(*deltas)};
+      CANOPY_RETURN_IF_ERROR(SendMessage(conn, batch));
+      sent += batch.deltas.size();
       continue;
     }
     // Idle: wait for the next commit, heartbeat meanwhile.
