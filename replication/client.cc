@@ -19,13 +19,14 @@ namespace canopy::replication {
 // Thread safety: Commit and Call from any threads; broken() any time.
 class Client::Channel {
  public:
+  // Dials and authenticates within `timeout`.
   static Result<std::shared_ptr<Channel>> Open(const std::string& uri, const ClientOptions& options,
-                                               const std::string& name) {
+                                               const std::string& name, std::chrono::milliseconds timeout) {
     transport::TransportOptions topts;
-    topts.connect_timeout = options.timeout;
+    topts.connect_timeout = timeout;
     CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(uri, topts));
     HandshakeConfig hs{options.cluster, name, options.secret, PeerRole::kClient, ""};
-    auto id = DialerHandshake(*conn, hs, Deadline::After(options.timeout));
+    auto id = DialerHandshake(*conn, hs, Deadline::After(timeout));
     if (!id.ok()) return id.status().WithContext(uri);
     auto ch = std::shared_ptr<Channel>(new Channel(uri, std::move(conn)));
     ch->reader_ = std::thread([c = ch.get()] { c->ReadLoop(); });
@@ -184,7 +185,7 @@ Client::~Client() = default;
 
 Result<std::unique_ptr<Client>> Client::Connect(const std::string& uri, const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
-  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, c->options_, c->name_));
+  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, c->options_, c->name_, c->options_.timeout));
   std::lock_guard<std::mutex> lock(c->mu_);
   c->channels_[uri] = std::move(ch);
   c->uri_ = uri;
@@ -198,13 +199,15 @@ std::string Client::connected_uri() const {
   return uri_;
 }
 
-Result<std::shared_ptr<Client::Channel>> Client::ChannelTo(const std::string& uri) {
+Result<std::shared_ptr<Client::Channel>> Client::ChannelTo(const std::string& uri,
+                                                           std::chrono::milliseconds dial_timeout) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = channels_.find(uri);
     if (it != channels_.end() && !it->second->broken()) return it->second;
   }
-  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, options_, name_));
+  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, options_, name_,
+                                                  dial_timeout.count() > 0 ? dial_timeout : options_.timeout));
   std::lock_guard<std::mutex> lock(mu_);
   known_uris_.insert(uri);
   auto& slot = channels_[uri];
@@ -317,7 +320,8 @@ Result<std::string> Client::LocateLeader(const std::string& tree, const std::str
     ask.push_back(failed_uri);  // last: it may only have dropped the connection
     for (const auto& uri : ask) {
       if (deadline.expired()) break;
-      auto ch = ChannelTo(uri);
+      // A node that accepts but does not answer (stopped, overloaded) costs a second, not the request's time.
+      auto ch = ChannelTo(uri, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::seconds(1)));
       if (!ch.ok()) {
         last = ch.status();
         continue;

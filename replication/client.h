@@ -93,8 +93,10 @@ class Client {
   class Channel;
   explicit Client(ClientOptions options);
 
-  // The open connection to `uri`, dialled if there is none (or it broke).
-  Result<std::shared_ptr<Channel>> ChannelTo(const std::string& uri);
+  // The open connection to `uri`, dialled (within dial_timeout; 0: the
+  // request timeout) if there is none or it broke.
+  Result<std::shared_ptr<Channel>> ChannelTo(const std::string& uri,
+                                             std::chrono::milliseconds dial_timeout = std::chrono::milliseconds(0));
   std::shared_ptr<Channel> Current();
   void SetCurrent(const std::string& uri);
   Result<transport::Message> Call(MessageType type, const std::string& payload, MessageType reply_type);
