@@ -101,7 +101,7 @@ CommitReply Node::Impl::HandleCommit(const CommitRequest& req) {
   reply.version = committed->version;
   reply.duplicate = committed->duplicate;
   std::unique_lock<std::mutex> lock(mu);
-  if (!committed->duplicate) cv.notify_all();  // wakes the leader's streams
+  if (!committed->duplicate) stream_cvs[req.tree].notify_all();  // the leader's streams of the tree
   // The replica set: the ring's owners, plus the leader while it is not
   // one of them (after a ring change, until leadership moves).
   CommitWaiter waiter;

@@ -15,8 +15,11 @@
 //
 // Lock discipline (the same in every file):
 //   - `mu` guards the cluster view: every field below marked (mu). `cv`
-//     (waited on with mu) is notified on every commit, ACK, membership or
-//     leadership change and on stop. Methods named ...Locked() expect mu held.
+//     (waited on with mu) is notified on membership or leadership changes
+//     and on stop. Commits and ACKs wake only who waits for them (they come
+//     thousands of times a second): a commit notifies its tree's
+//     stream_cvs entry (the leader's streams), an ACK the commit_waiters it
+//     may satisfy. Methods named ...Locked() expect mu held.
 //   - `threads_mu` guards workers and open_conns only; never taken with mu held
 //     (Stop closes connections under it, so a blocked Receive wakes up).
 //   - `digest_mu` guards digest_cache only; never held with mu.
@@ -104,6 +107,10 @@ struct Node::Impl {
     uint64_t takeover_version = 0;
   };
   std::map<std::string, TreeReplication> trees;
+  // Per tree, waited on (with mu) by the leader's streams of it: notified on
+  // each commit of the tree and when one of its streams ends. Entries are
+  // made on first use and never erased (map nodes do not move).
+  std::map<std::string, std::condition_variable> stream_cvs;
   struct PeerTree {
     uint64_t data_epoch = 0;
     uint64_t version = 0;

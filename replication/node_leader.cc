@@ -58,6 +58,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
     conn.Close();
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
+    stream_cvs[sub.tree].notify_all();
   });
   Status receive_status;
   while (!done && !stopping) {
@@ -93,7 +94,6 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
         WakeCommitWaitersLocked(sub.tree);
       }
       last_heard[peer.node_id] = Clock::now();
-      cv.notify_all();
     } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
       auto hb = DecodeHeartbeat(m->payload);
       if (!hb.ok()) {
@@ -110,6 +110,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
   {
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
+    stream_cvs[sub.tree].notify_all();  // our sender
   }
   conn.Close();
   sender.join();
@@ -186,7 +187,9 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
     // Idle: wait for the next commit, heartbeat meanwhile.
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, options.heartbeat_interval, [&] {
+      // Woken by the tree's commits and by this stream's end; a stop or a
+      // leadership change is seen within a heartbeat interval.
+      stream_cvs[tree_name].wait_for(lock, options.heartbeat_interval, [&] {
         if (done || stopping || !still_leading()) return true;
         auto l = store->LatestVersion(tree_name);
         return l.ok() && *l > sent;

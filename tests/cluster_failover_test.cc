@@ -222,8 +222,11 @@ TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
   ASSERT_TRUE(c.Start(old_leader));
   ASSERT_TRUE(WaitUntil(
       [&] {
+        // The snapshot too: if "new" landed more than once (a try that timed
+        // out at QUORUM while the replicas came back, then the loop wrote it
+        // again), the new history can reach the old leader's own version.
         auto t = c.TreeState(old_leader, "ha");
-        return t && t->role == "replica" && t->durable_version == version;
+        return t && t->role == "replica" && t->durable_version == version && t->snapshots_received >= 1;
       },
       std::chrono::seconds(20)))
       << c.Log(old_leader);

@@ -57,12 +57,17 @@ trap "exit 143" TERM
 mkdir -p "$work"
 fs=$(df -PT "$BENCH_WORK" | awk 'NR == 2 { print $2 " " $7 }')
 
-# ---- the etcd load program (native gRPC client), built once per run
-etcdload=$work/etcdload
-bench_log "building bench/etcdload (go build, GO111MODULE=off)"
-if ! (cd "$BENCH_REPO" && GO111MODULE=off GOPATH=$gopath GOCACHE=${GOCACHE:-$work/gocache} \
-      go build -o "$etcdload" ./bench/etcdload/main.go) > "$work/go-build.log" 2>&1; then
-  bench_skip "bench/etcdload does not build with this Go and etcd client: $(tail -n 3 "$work/go-build.log" | tr '\n' ' ')"
+# ---- the etcd load program (native gRPC client): built into the build
+# directory, again only when its source is newer (a cold go build takes minutes here)
+etcdload=$BENCH_BUILD/bench/etcdload/etcdload
+if [[ ! -x $etcdload || $BENCH_REPO/bench/etcdload/main.go -nt $etcdload ]]; then
+  bench_log "building bench/etcdload (go build, GO111MODULE=off)"
+  mkdir -p "$(dirname "$etcdload")"
+  if ! (cd "$BENCH_REPO" && GO111MODULE=off GOPATH=$gopath go build -o "$etcdload.tmp" ./bench/etcdload/main.go) \
+      > "$work/go-build.log" 2>&1; then
+    bench_skip "bench/etcdload does not build with this Go and etcd client: $(tail -n 3 "$work/go-build.log" | tr '\n' ' ')"
+  fi
+  mv "$etcdload.tmp" "$etcdload"
 fi
 
 # ---- canopy: N nodes, RF 3, each started once the previous one listens
