@@ -12,7 +12,7 @@
 //
 // Redirects: a node that does not lead the tree answers Unavailable with the
 // leader's URI, and the client reconnects there (and keeps that connection
-// for later calls). CreateTree and Commit follow up to two redirects; a
+// for later calls). CreateTree follows one redirect, Commit up to two; a
 // Commit goes first to the node that last took a commit of the same tree
 // (trees spread over the ring have different leaders).
 //
