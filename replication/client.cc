@@ -1,48 +1,237 @@
 #include "replication/client.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
 
 #include "transport/registry.h"
 
 namespace canopy::replication {
 
+// One authenticated connection to one node, with a reader thread that hands
+// each reply to its waiting caller: COMMIT_REPLY by sequence, any other
+// reply to the oldest waiting call (the node answers those in order).
+// Thread safety: Commit and Call from any threads; broken() any time.
+class Client::Channel {
+ public:
+  // Dials and authenticates within `timeout`.
+  static Result<std::shared_ptr<Channel>> Open(const std::string& uri, const ClientOptions& options,
+                                               const std::string& name, std::chrono::milliseconds timeout) {
+    transport::TransportOptions topts;
+    topts.connect_timeout = timeout;
+    CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(uri, topts));
+    HandshakeConfig hs{options.cluster, name, options.secret, PeerRole::kClient, ""};
+    auto id = DialerHandshake(*conn, hs, Deadline::After(timeout));
+    if (!id.ok()) return id.status().WithContext(uri);
+    auto ch = std::shared_ptr<Channel>(new Channel(uri, std::move(conn)));
+    ch->reader_ = std::thread([c = ch.get()] { c->ReadLoop(); });
+    return ch;
+  }
+
+  ~Channel() {
+    conn_->Close();  // wakes the reader
+    if (reader_.joinable()) reader_.join();
+  }
+
+  const std::string& uri() const { return uri_; }
+
+  bool broken() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !broken_.ok();
+  }
+
+  // Sends `req` and waits for the reply with its sequence until `deadline`.
+  // A missing reply leaves the connection usable for other requests.
+  Result<CommitReply> Commit(const CommitRequest& req, Deadline deadline) {
+    Waiter w;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.ok()) return broken_;
+      if (!commits_.emplace(req.sequence, &w).second) {
+        return Status::InvalidArgument(
+            fmt::format("commit sequence {} of client {} is already in flight", req.sequence, req.client));
+      }
+    }
+    Status s = conn_->Send(static_cast<uint16_t>(MessageType::kCommitRequest), Encode(req));
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!s.ok()) Break(s.WithContext(uri_));
+    cv_.wait_until(lock, deadline.at(), [&] { return w.message.has_value() || !broken_.ok(); });
+    commits_.erase(req.sequence);
+    if (!w.message) {
+      if (!broken_.ok()) return broken_;
+      return Status::Timeout(fmt::format("{}: no reply to commit {} in time", uri_, req.sequence));
+    }
+    return DecodeCommitReply(w.message->payload);
+  }
+
+  // Sends one non-commit request and waits for its reply (in order). A reply
+  // that does not come in time breaks the connection (a late one would
+  // answer the next call).
+  Result<transport::Message> Call(MessageType type, const std::string& payload, MessageType reply_type,
+                                  Deadline deadline) {
+    std::lock_guard<std::mutex> order(call_mu_);  // one call at a time: replies match trivially
+    Waiter w;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.ok()) return broken_;
+      calls_.push_back(&w);
+    }
+    Status s = conn_->Send(static_cast<uint16_t>(type), payload);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!s.ok()) Break(s.WithContext(uri_));
+    cv_.wait_until(lock, deadline.at(), [&] { return w.message.has_value() || !broken_.ok(); });
+    std::erase(calls_, &w);
+    if (!w.message) {
+      if (broken_.ok()) {
+        Break(Status::Timeout(fmt::format("{}: no {} in time", uri_, MessageTypeName(static_cast<uint16_t>(reply_type)))));
+      }
+      return broken_;
+    }
+    if (w.message->type != static_cast<uint16_t>(reply_type)) {
+      Status bad = UnexpectedMessage(*w.message, MessageTypeName(static_cast<uint16_t>(reply_type))).WithContext(uri_);
+      Break(bad);
+      return bad;
+    }
+    return std::move(*w.message);
+  }
+
+ private:
+  struct Waiter {
+    std::optional<transport::Message> message;
+  };
+
+  Channel(std::string uri, std::unique_ptr<transport::Connection> conn)
+      : uri_(std::move(uri)), conn_(std::move(conn)) {}
+
+  // REQUIRES: mu_ held.
+  void Break(Status why) {
+    if (broken_.ok()) broken_ = std::move(why);
+    conn_->Close();
+    cv_.notify_all();
+  }
+
+  void ReadLoop() {
+    while (true) {
+      auto m = conn_->Receive(Deadline::After(std::chrono::seconds(1)));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.ok()) return;
+      if (!m.ok()) {
+        if (m.status().IsTimeout()) continue;
+        Break(m.status().WithContext(uri_));
+        return;
+      }
+      if (m->bulk_bytes != 0) {
+        Break(Status::Corruption(uri_ + ": unexpected bulk bytes"));
+        return;
+      }
+      if (m->type == static_cast<uint16_t>(MessageType::kCommitReply)) {
+        auto reply = DecodeCommitReply(m->payload);
+        if (!reply.ok()) {
+          Break(reply.status().WithContext(uri_));
+          return;
+        }
+        auto it = commits_.find(reply->sequence);
+        if (it != commits_.end()) it->second->message = std::move(*m);
+        // else: its caller gave up waiting; the reply is dropped.
+      } else if (!calls_.empty()) {
+        calls_.front()->message = std::move(*m);
+        calls_.pop_front();
+      } else {
+        Break(UnexpectedMessage(*m, "a reply").WithContext(uri_));
+        return;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  const std::string uri_;
+  const std::unique_ptr<transport::Connection> conn_;
+  std::mutex call_mu_;
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  std::map<uint64_t, Waiter*> commits_;  // by sequence
+  std::deque<Waiter*> calls_;
+  Status broken_;  // non-ok once the connection failed
+  std::thread reader_;
+};
+
+namespace {
+
+std::string ClientName(const ClientOptions& o) {
+  std::string base = o.client_id.empty() ? "client-" + std::to_string(::getpid()) : o.client_id;
+  std::random_device rd;
+  uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  base = base.substr(0, kMaxRequestClientBytes - 17);
+  return fmt::format("{}-{:016x}", base, r);
+}
+
+// Failures after which the commit may or may not have landed, or a node
+// could not say where the leader is: worth one retry at the leader.
+bool Retryable(const Result<CommitReply>& r, const std::string& target) {
+  if (!r.ok()) return r.status().code() != StatusCode::kInvalidArgument && r.status().code() != StatusCode::kCorruption;
+  return r->status.code == StatusCode::kUnavailable && (r->leader.empty() || r->leader == target);
+}
+
+}  // namespace
+
+Client::Client(ClientOptions options) : options_(std::move(options)), name_(ClientName(options_)) {}
+
+Client::~Client() = default;
+
 Result<std::unique_ptr<Client>> Client::Connect(const std::string& uri, const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client(options));
-  if (c->options_.client_id.empty()) c->options_.client_id = "client-" + std::to_string(::getpid());
-  CANOPY_RETURN_IF_ERROR(c->Open(uri));
+  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, c->options_, c->name_, c->options_.timeout));
+  std::lock_guard<std::mutex> lock(c->mu_);
+  c->channels_[uri] = std::move(ch);
+  c->uri_ = uri;
+  c->known_uris_.insert(uri);
+  for (const auto& n : c->options_.nodes) c->known_uris_.insert(n);
   return c;
 }
 
-Status Client::Open(const std::string& uri) {
-  transport::TransportOptions topts;
-  topts.connect_timeout = options_.timeout;
-  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(uri, topts));
-  HandshakeConfig hs{options_.cluster, options_.client_id, options_.secret, PeerRole::kClient, ""};
-  auto id = DialerHandshake(*conn, hs, Deadline::After(options_.timeout));
-  if (!id.ok()) return id.status().WithContext(uri);
-  conn_ = std::move(conn);
-  uri_ = uri;
-  return Status::Ok();
+std::string Client::connected_uri() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return uri_;
 }
 
-Result<transport::Message> Client::Call(MessageType type, const std::string& payload, MessageType reply_type,
-                                        std::chrono::milliseconds extra_wait) {
-  if (!conn_) return Status::Unavailable("not connected");
-  Status s = conn_->Send(static_cast<uint16_t>(type), payload);
-  if (!s.ok()) {
-    conn_.reset();
-    return s.WithContext(uri_);
+Result<std::shared_ptr<Client::Channel>> Client::ChannelTo(const std::string& uri,
+                                                           std::chrono::milliseconds dial_timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = channels_.find(uri);
+    if (it != channels_.end() && !it->second->broken()) return it->second;
   }
-  auto m = conn_->Receive(Deadline::After(options_.timeout + extra_wait));
-  if (!m.ok()) {
-    conn_.reset();
-    return m.status().WithContext(uri_);
-  }
-  if (m->type != static_cast<uint16_t>(reply_type) || m->bulk_bytes != 0) {
-    conn_.reset();
-    return UnexpectedMessage(*m, MessageTypeName(static_cast<uint16_t>(reply_type))).WithContext(uri_);
-  }
-  return m;
+  CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, options_, name_,
+                                                  dial_timeout.count() > 0 ? dial_timeout : options_.timeout));
+  std::lock_guard<std::mutex> lock(mu_);
+  known_uris_.insert(uri);
+  auto& slot = channels_[uri];
+  if (slot && !slot->broken()) return slot;  // another thread dialled it meanwhile; ours closes
+  slot = ch;
+  return ch;
+}
+
+std::shared_ptr<Client::Channel> Client::Current() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = channels_.find(uri_);
+  return it == channels_.end() ? nullptr : it->second;
+}
+
+void Client::SetCurrent(const std::string& uri) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uri_ = uri;
+  known_uris_.insert(uri);
+}
+
+Result<transport::Message> Client::Call(MessageType type, const std::string& payload, MessageType reply_type) {
+  std::string uri = connected_uri();
+  CANOPY_ASSIGN_OR_RETURN(auto ch, ChannelTo(uri));
+  return ch->Call(type, payload, reply_type, Deadline::After(options_.timeout));
 }
 
 Result<CreateTreeReply> Client::CreateTree(const std::string& tree) {
@@ -50,8 +239,10 @@ Result<CreateTreeReply> Client::CreateTree(const std::string& tree) {
     CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kCreateTreeRequest, Encode(CreateTreeRequest{tree}),
                                          MessageType::kCreateTreeReply));
     CANOPY_ASSIGN_OR_RETURN(CreateTreeReply reply, DecodeCreateTreeReply(m.payload));
-    if (hop == 0 && reply.status.code == StatusCode::kUnavailable && !reply.leader.empty() && reply.leader != uri_) {
-      CANOPY_RETURN_IF_ERROR(Open(reply.leader));
+    if (hop == 0 && reply.status.code == StatusCode::kUnavailable && !reply.leader.empty() &&
+        reply.leader != connected_uri()) {
+      CANOPY_RETURN_IF_ERROR(ChannelTo(reply.leader).status());
+      SetCurrent(reply.leader);
       continue;
     }
     return reply;
@@ -60,18 +251,114 @@ Result<CreateTreeReply> Client::CreateTree(const std::string& tree) {
 }
 
 Result<CommitReply> Client::Commit(const CommitRequest& request) {
-  std::string payload = Encode(request);
-  for (int hop = 0; hop < 2; ++hop) {
-    CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kCommitRequest, payload, MessageType::kCommitReply,
-                                         std::chrono::milliseconds(request.timeout_ms)));
-    CANOPY_ASSIGN_OR_RETURN(CommitReply reply, DecodeCommitReply(m.payload));
-    if (hop == 0 && reply.status.code == StatusCode::kUnavailable && !reply.leader.empty() && reply.leader != uri_) {
-      CANOPY_RETURN_IF_ERROR(Open(reply.leader));
+  CommitRequest req = request;
+  if (req.client.empty()) {
+    req.client = name_;
+    req.sequence = next_sequence_++;
+  }
+  const Deadline deadline = Deadline::After(options_.timeout + std::chrono::milliseconds(req.timeout_ms));
+  std::string target;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leader_of_.find(req.tree);
+    target = it != leader_of_.end() ? it->second : uri_;
+  }
+  bool retried = false;
+  int redirects = 0;
+  while (true) {
+    Result<CommitReply> r = Status::Internal("no attempt");
+    auto ch = ChannelTo(target);
+    if (ch.ok()) {
+      r = (*ch)->Commit(req, deadline);
+    } else {
+      r = ch.status();
+    }
+    if (r.ok() && r->status.code == StatusCode::kUnavailable && !r->leader.empty() && r->leader != target &&
+        redirects < 2) {
+      ++redirects;  // a redirect: nothing was applied there
+      target = r->leader;
+      SetCurrent(target);
       continue;
     }
-    return reply;
+    if (!options_.retry || retried || !Retryable(r, target) || deadline.expired()) {
+      if (r.ok() && r->status.code == StatusCode::kOk) {
+        std::lock_guard<std::mutex> lock(mu_);
+        leader_of_[req.tree] = target;
+      }
+      return r;
+    }
+    // Failed without an answer: find the leader and send the same commit
+    // (same request id) there once more.
+    retried = true;
+    ++retries_;
+    auto leader = LocateLeader(req.tree, target, deadline);
+    if (!leader.ok()) return r;
+    target = *leader;
+    SetCurrent(target);
+    redirects = 0;
   }
-  return Status::Unavailable("redirected twice");
+}
+
+void Client::Learn(const StatusReply& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& n : status.nodes) {
+    if (!n.uri.empty()) known_uris_.insert(n.uri);
+  }
+}
+
+Result<std::string> Client::LocateLeader(const std::string& tree, const std::string& failed_uri,
+                                         Deadline deadline) {
+  Status last = Status::Unavailable("no node of the cluster answered");
+  while (!deadline.expired()) {
+    std::vector<std::string> ask;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& u : known_uris_) {
+        if (u != failed_uri) ask.push_back(u);
+      }
+    }
+    ask.push_back(failed_uri);  // last: it may only have dropped the connection
+    for (const auto& uri : ask) {
+      if (deadline.expired()) break;
+      // A node that accepts but does not answer (stopped, overloaded) costs a second, not the request's time.
+      auto ch = ChannelTo(uri, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::seconds(1)));
+      if (!ch.ok()) {
+        last = ch.status();
+        continue;
+      }
+      auto m = (*ch)->Call(MessageType::kStatusRequest, Encode(StatusRequest{}), MessageType::kStatusReply,
+                           Deadline::After(std::min<std::chrono::milliseconds>(deadline.remaining(),
+                                                                                std::chrono::seconds(1))));
+      if (!m.ok()) {
+        last = m.status();
+        continue;
+      }
+      auto status = DecodeStatusReply(m->payload);
+      if (!status.ok()) {
+        last = status.status();
+        continue;
+      }
+      Learn(*status);
+      std::string leader_id;
+      for (const auto& t : status->trees) {
+        if (t.tree == tree) leader_id = t.leader;
+      }
+      std::string leader_uri;
+      bool alive = false;
+      for (const auto& n : status->nodes) {
+        if (n.node_id == leader_id) {
+          leader_uri = n.uri;
+          alive = n.alive;
+        }
+      }
+      if (leader_uri.empty()) continue;
+      if (leader_uri != failed_uri && (alive || leader_id == status->node_id)) return leader_uri;
+      if (leader_uri == failed_uri && uri == failed_uri) return leader_uri;  // it answers again
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(deadline.remaining(),
+                                                                    std::chrono::milliseconds(50)));
+  }
+  return last.WithContext("looking for the leader of " + tree);
 }
 
 Result<ReadReply> Client::Read(const ReadRequest& request) {
@@ -81,7 +368,9 @@ Result<ReadReply> Client::Read(const ReadRequest& request) {
 
 Result<StatusReply> Client::GetStatus() {
   CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kStatusRequest, Encode(StatusRequest{}), MessageType::kStatusReply));
-  return DecodeStatusReply(m.payload);
+  CANOPY_ASSIGN_OR_RETURN(StatusReply reply, DecodeStatusReply(m.payload));
+  Learn(reply);
+  return reply;
 }
 
 }  // namespace canopy::replication

@@ -258,6 +258,7 @@ void Node::Impl::ServeConnection(transport::Connection& conn) {
 }
 
 Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity& peer) {
+  CommitPipeline commits(*this, conn);  // COMMITs run concurrently, replies in completion order
   while (!stopping) {
     auto m = conn.Receive(Deadline::After(std::chrono::seconds(1)));
     if (!m.ok()) {
@@ -295,7 +296,7 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
     switch (type) {
       case MessageType::kCommitRequest: {
         CANOPY_ASSIGN_OR_RETURN(CommitRequest req, DecodeCommitRequest(m->payload));
-        CANOPY_RETURN_IF_ERROR(SendMessage(conn, HandleCommit(req)));
+        commits.Submit(std::move(req));
         break;
       }
       case MessageType::kReadRequest: {

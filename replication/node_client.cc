@@ -70,55 +70,65 @@ uint32_t Node::Impl::CountAcksLocked(const std::string& tree_name, uint64_t vers
   return acks;
 }
 
+Result<tree::CommitResult> Node::Impl::ApplyCommit(const CommitRequest& req) {
+  if (req.client.size() > tree::kMaxRequestClientBytes) {
+    return Status::InvalidArgument(fmt::format("request client id of {} bytes (at most {})", req.client.size(),
+                                               tree::kMaxRequestClientBytes));
+  }
+  std::vector<tree::Op> ops;
+  ops.reserve(req.edits.size());
+  for (const Edit& e : req.edits) {
+    CANOPY_ASSIGN_OR_RETURN(tree::Op op, ToOp(e));
+    ops.push_back(std::move(op));
+  }
+  // One store call: the duplicate check, the base check and the commit are
+  // atomic under the tree's write lock, and concurrent commits on the tree
+  // never conflict with each other (each applies to the newest version).
+  return store->CommitOps(req.tree, std::move(ops), tree::RequestId{req.client, req.sequence},
+                          req.base_version);
+}
+
 CommitReply Node::Impl::HandleCommit(const CommitRequest& req) {
   CommitReply reply;
+  reply.sequence = req.sequence;
   if (NotLeader(req.tree, &reply.status, &reply.leader)) return reply;
   NodeMetrics::ScopedCommit observe_commit(*metrics, req.level, &reply.status);
-  Result<tree::CommitResult> committed = Status::Internal("no attempt");
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    auto txn = store->Begin(req.tree);
-    if (!txn.ok()) {
-      reply.status = StatusReplyFields::From(txn.status());
-      return reply;
-    }
-    if (req.base_version != 0 && txn->base().number() != req.base_version) {
-      reply.status = StatusReplyFields::From(
-          Status::Conflict(fmt::format("base version {} is stale: {} is at version {}", req.base_version,
-                                       req.tree, txn->base().number())));
-      return reply;
-    }
-    for (const Edit& e : req.edits) {
-      auto op = ToOp(e);
-      Status s = op.ok() ? txn->Apply(std::move(*op)) : op.status();
-      if (!s.ok()) {
-        reply.status = StatusReplyFields::From(s);
-        return reply;
-      }
-    }
-    committed = store->Commit(std::move(*txn));
-    if (committed.ok() || !committed.status().IsConflict() || req.base_version != 0) break;
-  }
+  auto committed = ApplyCommit(req);
   if (!committed.ok()) {
     reply.status = StatusReplyFields::From(committed.status());
     return reply;
   }
   reply.version = committed->version;
+  reply.duplicate = committed->duplicate;
   std::unique_lock<std::mutex> lock(mu);
-  cv.notify_all();
+  if (!committed->duplicate) stream_cvs[req.tree].notify_all();  // the leader's streams of the tree
   // The replica set: the ring's owners, plus the leader while it is not
   // one of them (after a ring change, until leadership moves).
-  auto owners = OwnersLocked(req.tree);
+  CommitWaiter waiter;
+  waiter.version = reply.version;
+  waiter.owners = OwnersLocked(req.tree);
   std::string leader = LeaderLocked(req.tree);
-  if (std::find(owners.begin(), owners.end(), leader) == owners.end()) owners.push_back(leader);
-  uint32_t need = RequiredAcks(req.level, static_cast<uint32_t>(owners.size()));
+  if (std::find(waiter.owners.begin(), waiter.owners.end(), leader) == waiter.owners.end())
+    waiter.owners.push_back(leader);
+  uint32_t need = RequiredAcks(req.level, static_cast<uint32_t>(waiter.owners.size()));
   Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
-  while (true) {
-    reply.acks = CountAcksLocked(req.tree, reply.version, owners);
-    if (reply.acks >= need || deadline.expired() || stopping) break;
-    // Short slices: the leader's own durability under --fsync batch
-    // advances without a notification.
-    cv.wait_for(lock,
-                std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(5)));
+  // The leader's own durability under --fsync batch advances without a
+  // notification: poll it in short slices then; otherwise ACKs wake us.
+  const auto slice = store->options().fsync == tree::FsyncPolicy::kBatch ? std::chrono::milliseconds(5)
+                                                                        : std::chrono::milliseconds(100);
+  reply.acks = CountAcksLocked(req.tree, reply.version, waiter.owners);
+  if (reply.acks < need) {
+    auto& waiting = commit_waiters[req.tree];
+    auto slot = waiting.emplace(reply.version, &waiter);
+    while (true) {
+      reply.acks = CountAcksLocked(req.tree, reply.version, waiter.owners);
+      if (reply.acks >= need || deadline.expired() || stopping) break;
+      waiter.woken = false;
+      waiter.cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), slice),
+                         [&] { return waiter.woken || stopping.load(); });
+    }
+    waiting.erase(slot);
+    if (waiting.empty()) commit_waiters.erase(req.tree);
   }
   if (reply.acks < need) {
     reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
@@ -126,6 +136,62 @@ CommitReply Node::Impl::HandleCommit(const CommitRequest& req) {
         reply.version, req.tree, reply.acks, need, ConsistencyLevelName(req.level))));
   }
   return reply;
+}
+
+void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name) {
+  auto it = commit_waiters.find(tree_name);
+  if (it == commit_waiters.end()) return;
+  // No waiter above the newest version any owner holds can be satisfied.
+  uint64_t highest = store->DurableVersion(tree_name).value_or(0);
+  for (const auto& [replica, v] : trees[tree_name].acked) highest = std::max(highest, v);
+  for (auto& [version, waiter] : it->second) {
+    if (version > highest) break;
+    waiter->woken = true;
+    waiter->cv.notify_one();
+  }
+}
+
+// ---- CommitPipeline (node_impl.h)
+
+CommitPipeline::~CommitPipeline() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;  // queued commits are dropped: their client is gone
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void CommitPipeline::Submit(CommitRequest req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.size() + running_ < kMaxCommitsInFlight || closing_; });
+  queue_.push_back(std::move(req));
+  if (queue_.size() > idle_) {
+    ++idle_;  // the new worker counts as idle until it takes a commit
+    workers_.emplace_back([this] { Work(); });
+  } else {
+    cv_.notify_all();
+  }
+}
+
+void CommitPipeline::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
+    if (closing_) break;
+    CommitRequest req = std::move(queue_.front());
+    queue_.pop_front();
+    --idle_;
+    ++running_;
+    lock.unlock();
+    CommitReply reply = node_.HandleCommit(req);
+    if (!SendMessage(conn_, reply).ok()) conn_.Close();  // the reader sees it and ends the connection
+    lock.lock();
+    --running_;
+    ++idle_;
+    cv_.notify_all();  // a Submit waiting for room
+  }
+  --idle_;
 }
 
 ReadReply Node::Impl::HandleRead(const ReadRequest& req) {

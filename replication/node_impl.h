@@ -17,8 +17,11 @@
 //
 // Lock discipline (the same in every file):
 //   - `mu` guards the cluster view: every field below marked (mu). `cv`
-//     (waited on with mu) is notified on every commit, ACK, membership or
-//     leadership change and on stop. Methods named ...Locked() expect mu held.
+//     (waited on with mu) is notified on membership or leadership changes
+//     and on stop. Commits and ACKs wake only who waits for them (they come
+//     thousands of times a second): a commit notifies its tree's
+//     stream_cvs entry (the leader's streams), an ACK the commit_waiters it
+//     may satisfy. Methods named ...Locked() expect mu held.
 //   - `threads_mu` guards workers and open_conns only; never taken with mu held
 //     (Stop closes connections under it, so a blocked Receive wakes up).
 //   - `digest_mu` guards digest_cache only; never held with mu.
@@ -67,6 +70,11 @@ inline constexpr uint64_t kFirstEpoch = 1;
 inline constexpr size_t kDeltaBatchBytes = 4u << 20;
 // Incoming connections served at once; more are refused with ERROR.
 inline constexpr int kMaxServedConnections = 1024;
+// COMMITs one connection may have queued or running at once; the
+// connection's reader waits (stops reading) while that many are.
+inline constexpr size_t kMaxCommitsInFlight = 256;
+
+class CommitPipeline;
 
 struct Node::Impl {
   explicit Impl(const NodeOptions& o) : options(o), detector(DetectorOptions(o)), ring(o.ring) {}
@@ -126,6 +134,10 @@ struct Node::Impl {
     Clock::time_point hold_until{};
   };
   std::map<std::string, TreeReplication> trees;
+  // Per tree, waited on (with mu) by the leader's streams of it: notified on
+  // each commit of the tree and when one of its streams ends. Entries are
+  // made on first use and never erased (map nodes do not move).
+  std::map<std::string, std::condition_variable> stream_cvs;
   std::vector<std::string> unresolved_seeds;  // --seed URIs whose node id we do not know yet
   Clock::time_point started_at = Clock::now();
 
@@ -275,10 +287,60 @@ struct Node::Impl {
   uint32_t CountAcksLocked(const std::string& tree_name, uint64_t version,
                            const std::vector<std::string>& owners);
   CommitReply HandleCommit(const CommitRequest& req);
+  // A HandleCommit waiting for its consistency level; woken (under mu) when
+  // an owner's durable version may have reached `version`.
+  struct CommitWaiter {
+    uint64_t version = 0;
+    std::vector<std::string> owners;
+    std::condition_variable cv;
+    bool woken = false;
+  };
+  std::map<std::string, std::multimap<uint64_t, CommitWaiter*>> commit_waiters;  // tree -> by version (mu)
+  // Wakes the waiters of `tree_name` that the durable versions known now
+  // may satisfy (call after an ACK moved one).
+  void WakeCommitWaitersLocked(const std::string& tree_name);
+  // Commits `req` on the leader (once, whatever retries: the request id is
+  // checked atomically by the store), or returns its status.
+  Result<tree::CommitResult> ApplyCommit(const CommitRequest& req);
   ReadReply HandleRead(const ReadRequest& req);
   StatusReply HandleStatus();
   void FillStatusLocked(StatusReply* out, std::vector<tree::Version>* latest);
   CreateTreeReply HandleCreateTree(const CreateTreeRequest& req);
+};
+
+// The COMMITs in flight on one connection (node_client.cc). The
+// connection's reader (ServeMessages) Submits each as it arrives; worker
+// threads, started on demand up to kMaxCommitsInFlight, run HandleCommit
+// and send each reply as it completes — in any order, each carrying its
+// request's sequence — so a commit waiting for its consistency level never
+// holds back the next one on the connection (and the leader's WAL group
+// commit covers them together). Connection::Send is thread safe, so replies
+// of other requests go out from the reader meanwhile.
+// Thread safety: Submit from the reader thread only; the destructor (on the
+// reader thread) waits for every queued and running commit.
+class CommitPipeline {
+ public:
+  CommitPipeline(Node::Impl& node, transport::Connection& conn) : node_(node), conn_(conn) {}
+  ~CommitPipeline();
+  CommitPipeline(const CommitPipeline&) = delete;
+  CommitPipeline& operator=(const CommitPipeline&) = delete;
+
+  // Queues `req`; waits while kMaxCommitsInFlight are queued or running.
+  // A failed reply send closes the connection (the reader then sees it).
+  void Submit(CommitRequest req);
+
+ private:
+  void Work();
+
+  Node::Impl& node_;
+  transport::Connection& conn_;
+  std::mutex mu_;
+  std::condition_variable cv_;  // queue_ gained an item, a commit finished, or closing_
+  std::list<CommitRequest> queue_;
+  size_t running_ = 0;  // commits being handled
+  size_t idle_ = 0;     // workers waiting for work
+  bool closing_ = false;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace canopy::replication

@@ -58,6 +58,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
     conn.Close();
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
+    stream_cvs[sub.tree].notify_all();
   });
   Status receive_status;
   while (!done && !stopping) {
@@ -88,9 +89,11 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
       std::lock_guard<std::mutex> lock(mu);
       // A replica whose history is not ours reports its own durable
       // version until our snapshot replaced it: liveness only, no claim.
-      if (trusted || ack->snapshots_installed > 0) trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+      if (trusted || ack->snapshots_installed > 0) {
+        trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+        WakeCommitWaitersLocked(sub.tree);
+      }
       HeardLocked(peer.node_id);
-      cv.notify_all();
     } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
       auto hb = DecodeHeartbeat(m->payload);
       if (!hb.ok()) {
@@ -107,6 +110,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
   {
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
+    stream_cvs[sub.tree].notify_all();  // our sender
   }
   conn.Close();
   sender.join();
@@ -166,18 +170,26 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
       CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
       continue;
     }
+    if (deltas->size() == 1) {
+      CANOPY_RETURN_IF_ERROR(SendMessage(conn, Delta{tree_name, epoch, sent, sent + 1, std::move(deltas->front())}));
+      ++sent;
+      continue;
+    }
     if (!deltas->empty()) {
-      for (auto& d : *deltas) {
-        Delta msg{tree_name, epoch, sent, sent + 1, std::move(d)};
-        CANOPY_RETURN_IF_ERROR(SendMessage(conn, msg));
-        ++sent;
-      }
+      // Several ready (commits arrived while the last frame was out): one
+      // frame, one WAL sync and one ACK on the replica for all of them.
+      // Nothing waits for earlier ACKs: the stream runs ahead of them.
+      DeltaBatch batch{tree_name, epoch, sent, std::move(*deltas)};
+      CANOPY_RETURN_IF_ERROR(SendMessage(conn, batch));
+      sent += batch.deltas.size();
       continue;
     }
     // Idle: wait for the next commit, heartbeat meanwhile.
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, options.heartbeat_interval, [&] {
+      // Woken by the tree's commits and by this stream's end; a stop or a
+      // leadership change is seen within a heartbeat interval.
+      stream_cvs[tree_name].wait_for(lock, options.heartbeat_interval, [&] {
         if (done || stopping || !still_leading()) return true;
         auto l = store->LatestVersion(tree_name);
         return l.ok() && *l > sent;

@@ -173,6 +173,21 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
         CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
         break;
       }
+      case MessageType::kDeltaBatch: {
+        CANOPY_ASSIGN_OR_RETURN(DeltaBatch b, DecodeDeltaBatch(m->payload));
+        if (b.tree != tree_name) return Status::Corruption("DELTA_BATCH for another tree");
+        CANOPY_RETURN_IF_ERROR(check_epoch(b.epoch));
+        if (!store->HasTree(tree_name) && b.base_version == 0) {
+          Status c = store->CreateTree(tree_name);
+          if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
+        }
+        auto applied = store->ApplyEncodedDeltas(b.deltas);
+        if (!applied.ok()) return applied.status().WithContext("applying a batch of deltas");
+        if (*applied != b.base_version + b.deltas.size())
+          return Status::Corruption("delta versions do not match their batch header");
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        break;
+      }
       case MessageType::kSnapshotBegin: {
         CANOPY_ASSIGN_OR_RETURN(SnapshotBegin b, DecodeSnapshotBegin(m->payload));
         if (b.tree != tree_name) return Status::Corruption("SNAPSHOT_BEGIN for another tree");

@@ -128,6 +128,7 @@ class PayloadReader {
     }
     return out;
   }
+  bool AtEnd() const { return reader_.empty(); }
   Status Done() const {
     if (!reader_.empty()) {
       return Status::Corruption(fmt::format("{}: {} trailing bytes", name_, reader_.remaining()));
@@ -161,6 +162,7 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kSnapshotChunk: return "SNAPSHOT_CHUNK";
     case MessageType::kSnapshotEnd: return "SNAPSHOT_END";
     case MessageType::kDelta: return "DELTA";
+    case MessageType::kDeltaBatch: return "DELTA_BATCH";
     case MessageType::kAck: return "ACK";
     case MessageType::kHeartbeat: return "HEARTBEAT";
     case MessageType::kError: return "ERROR";
@@ -218,6 +220,7 @@ TYPE_OF(SnapshotBegin, kSnapshotBegin)
 TYPE_OF(SnapshotChunk, kSnapshotChunk)
 TYPE_OF(SnapshotEnd, kSnapshotEnd)
 TYPE_OF(Delta, kDelta)
+TYPE_OF(DeltaBatch, kDeltaBatch)
 TYPE_OF(Ack, kAck)
 TYPE_OF(Heartbeat, kHeartbeat)
 TYPE_OF(ErrorMessage, kError)
@@ -380,6 +383,26 @@ Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.chunks, r.U64());
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const DeltaBatch& m) {
+  PayloadWriter w(MessageType::kDeltaBatch);
+  w.Bytes(m.tree);
+  w.U64(m.epoch);
+  w.U64(m.base_version);
+  w.StringList(m.deltas);
+  return w.Finish();
+}
+Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kDeltaBatch);
+  DeltaBatch m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.base_version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.deltas, r.StringList(kMaxBlobBytes));
+  if (m.deltas.empty()) return Status::Corruption("DELTA_BATCH without deltas");
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }
@@ -597,6 +620,10 @@ std::string Encode(const CommitRequest& m) {
     w.Bytes(e.value);
     w.U64(e.index);
   }
+  if (!m.client.empty() || m.sequence != 0) {
+    w.Bytes(m.client);
+    w.U64(m.sequence);
+  }
   return w.Finish();
 }
 Result<CommitRequest> DecodeCommitRequest(std::string_view payload) {
@@ -621,6 +648,10 @@ Result<CommitRequest> DecodeCommitRequest(std::string_view payload) {
     CANOPY_ASSIGN_OR_RETURN(e.index, r.U32Varint("edit index"));
     m.edits.push_back(std::move(e));
   }
+  if (!r.AtEnd()) {  // the request id (absent from older clients' requests)
+    CANOPY_ASSIGN_OR_RETURN(m.client, r.Bytes(kMaxRequestClientBytes));
+    CANOPY_ASSIGN_OR_RETURN(m.sequence, r.U64());
+  }
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }
@@ -631,6 +662,10 @@ std::string Encode(const CommitReply& m) {
   w.U64(m.version);
   w.U64(m.acks);
   w.Bytes(m.leader);
+  if (m.sequence != 0 || m.duplicate) {
+    w.U64(m.sequence);
+    w.Bool(m.duplicate);
+  }
   return w.Finish();
 }
 Result<CommitReply> DecodeCommitReply(std::string_view payload) {
@@ -640,6 +675,10 @@ Result<CommitReply> DecodeCommitReply(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.acks, r.U32Varint("ack count"));
   CANOPY_ASSIGN_OR_RETURN(m.leader, r.Bytes(kMaxNameBytes));
+  if (!r.AtEnd()) {
+    CANOPY_ASSIGN_OR_RETURN(m.sequence, r.U64());
+    CANOPY_ASSIGN_OR_RETURN(m.duplicate, r.Bool());
+  }
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

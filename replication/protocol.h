@@ -23,7 +23,8 @@
 // Replication (dialer = replica, listener = leader of the tree):
 //   replica -> SUBSCRIBE {tree, epoch, have version}
 //   leader  -> SNAPSHOT_BEGIN / SNAPSHOT_CHUNK* / SNAPSHOT_END  when its WAL
-//              no longer holds what the replica needs, then DELTA*
+//              no longer holds what the replica needs, then DELTA*, or
+//              DELTA_BATCH {tree, epoch, base, deltas} when several are ready
 //   replica -> ACK {tree, epoch, durable version} after each durable step
 //   both    -> HEARTBEAT periodically; ERROR {code, text} then close on fault
 // Every replication message carries the tree's leader epoch; a receiver
@@ -48,7 +49,7 @@ namespace canopy::replication {
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
 // 2: ACK carries snapshots_installed; 3: HEARTBEAT probes (SWIM) and gossip
-// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY.
+// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids.
 inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
@@ -58,6 +59,7 @@ inline constexpr size_t kMaxNameBytes = 1024;          // cluster, node ids, tre
 inline constexpr size_t kMaxTextBytes = 64 * 1024;     // error texts
 inline constexpr size_t kMaxBlobBytes = 256u << 20;    // deltas, chunks, attribute values
 inline constexpr size_t kMaxListItems = 1u << 20;      // edits, path depth, list lengths
+inline constexpr size_t kMaxRequestClientBytes = 256;  // CommitRequest::client (as tree::kMaxRequestClientBytes)
 
 enum class MessageType : uint16_t {
   kHello = 0x0101,
@@ -84,6 +86,8 @@ enum class MessageType : uint16_t {
   kProbeRequest = 0x0130,
   kTreeStateRequest = 0x0131,
   kTreeStateReply = 0x0132,
+  // Commit path (0x0140-0x014f).
+  kDeltaBatch = 0x0140,
 };
 
 // "HELLO", "DELTA", ... or "UNKNOWN(0x....)".
@@ -170,6 +174,18 @@ struct Delta {
   uint64_t new_version = 0;
   std::string delta;  // the tree module's encoded delta (it has its own CRC)
   bool operator==(const Delta&) const = default;
+};
+
+// Leader -> replica: consecutive deltas in one frame, sent instead of DELTAs
+// when several are ready at once (the replica applies them with one WAL sync
+// and one ACK). deltas[i] takes the tree from base_version + i to
+// base_version + i + 1. At least one delta.
+struct DeltaBatch {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t base_version = 0;
+  std::vector<std::string> deltas;  // the tree module's encoded deltas
+  bool operator==(const DeltaBatch&) const = default;
 };
 
 // Replica -> leader on a stream: how far the replica's copy of `tree` is
@@ -284,12 +300,22 @@ struct Edit {
   bool operator==(const Edit&) const = default;
 };
 
+// A client may have many COMMITs outstanding on one connection; the node
+// serves them concurrently and replies in any order, each COMMIT_REPLY
+// echoing its request's `sequence`. `client` + `sequence` (both optional,
+// trailing on the wire so that older peers' messages still decode) name the
+// commit for idempotent retries: the id travels in the replicated delta, and
+// a leader — this one or a replica that took over — that already committed
+// it answers with that version (`duplicate`) instead of applying it again
+// (tree/store.h says how long ids are remembered).
 struct CommitRequest {
   std::string tree;
   uint64_t base_version = 0;  // 0: the leader's latest version
   ConsistencyLevel level = ConsistencyLevel::kQuorum;
   uint32_t timeout_ms = 10000;
   std::vector<Edit> edits;
+  std::string client;     // empty: no request id (no duplicate detection)
+  uint64_t sequence = 0;  // the client's number for this commit; echoed in the reply
   bool operator==(const CommitRequest&) const = default;
 };
 
@@ -306,6 +332,8 @@ struct CommitReply {
   uint64_t version = 0;  // the committed version
   uint32_t acks = 0;     // replicas holding it durably when the reply left
   std::string leader;    // set when the request went to a non-leader
+  uint64_t sequence = 0;   // the request's sequence
+  bool duplicate = false;  // the request id had been committed before (as `version`); nothing applied now
   bool operator==(const CommitReply&) const = default;
 };
 
@@ -381,6 +409,7 @@ std::string Encode(const SnapshotBegin& m);
 std::string Encode(const SnapshotChunk& m);
 std::string Encode(const SnapshotEnd& m);
 std::string Encode(const Delta& m);
+std::string Encode(const DeltaBatch& m);
 std::string Encode(const Ack& m);
 std::string Encode(const Heartbeat& m);
 std::string Encode(const ErrorMessage& m);
@@ -406,6 +435,7 @@ MessageType TypeOf(const SnapshotBegin&);
 MessageType TypeOf(const SnapshotChunk&);
 MessageType TypeOf(const SnapshotEnd&);
 MessageType TypeOf(const Delta&);
+MessageType TypeOf(const DeltaBatch&);
 MessageType TypeOf(const Ack&);
 MessageType TypeOf(const Heartbeat&);
 MessageType TypeOf(const ErrorMessage&);
@@ -431,6 +461,7 @@ Result<SnapshotBegin> DecodeSnapshotBegin(std::string_view payload);
 Result<SnapshotChunk> DecodeSnapshotChunk(std::string_view payload);
 Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
+Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);
 Result<Ack> DecodeAck(std::string_view payload);
 Result<Heartbeat> DecodeHeartbeat(std::string_view payload);
 Result<ErrorMessage> DecodeError(std::string_view payload);

@@ -25,8 +25,9 @@ PACKAGES=(
   # the .deb (cpack -G DEB: dpkg-shlibdeps finds its Depends, file spots the ELF binaries)
   dpkg-dev file
   openssl  # CLI: test certificates for the tls+tcp rows of bench/scenarios/rcopy_*.sh
-  # replication benchmark peer (bench/scenarios/commits_etcd.sh)
-  etcd-server etcd-client
+  # replication benchmark peer (bench/scenarios/commits_etcd.sh), and Go + etcd's client
+  # library to build its native gRPC load program (bench/etcdload, GO111MODULE=off)
+  etcd-server etcd-client golang-go golang-etcd-server-dev
   # HTTP benchmark peers (bench/scenarios/http_nginx.sh, load_wrk.sh)
   nginx-light wget wrk
 )

@@ -62,6 +62,8 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(SnapshotChunk{"t", 1, 5, std::string("\0\1\2chunk", 8)}, &DecodeSnapshotChunk);
   RoundTrip(SnapshotEnd{"t", 1, 77, 6}, &DecodeSnapshotEnd);
   RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
+  RoundTrip(DeltaBatch{"t", 2, 10, {"delta-11", "delta-12", std::string(300, 'd')}}, &DecodeDeltaBatch);
+  EXPECT_TRUE(DecodeDeltaBatch(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());
   RoundTrip(Ack{"t", 2, 10}, &DecodeAck);
   RoundTrip(Ack{"t", 2, 10, 1}, &DecodeAck);
   Heartbeat hb{"1", 42, {{"a", 1, 5}, {"b", 3, 0}}, {{"1", "tcp://127.0.0.1:1"}, {"2", "tcp://127.0.0.1:2"}}, "127.0.0.1:7101"};
@@ -70,12 +72,16 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
 }
 
 TEST(ProtocolTest, ClientMessagesRoundTrip) {
-  CommitRequest c{"t", 3, ConsistencyLevel::kAll, 2500, {}};
+  CommitRequest c{"t", 3, ConsistencyLevel::kAll, 2500, {}, "", 0};
   c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {0, 2}, "k", "v", 0});
   c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
   c.edits.push_back(Edit{Edit::Kind::kDeleteChild, {1}, "", "", 4});
   RoundTrip(c, &DecodeCommitRequest);
-  RoundTrip(CommitReply{{StatusCode::kTimeout, "only 1 of 3"}, 4, 1, "tcp://127.0.0.1:9"}, &DecodeCommitReply);
+  c.client = "client-9-0123456789abcdef";
+  c.sequence = 77;
+  RoundTrip(c, &DecodeCommitRequest);
+  RoundTrip(CommitReply{{StatusCode::kTimeout, "only 1 of 3"}, 4, 1, "tcp://127.0.0.1:9", 0, false}, &DecodeCommitReply);
+  RoundTrip(CommitReply{{}, 4, 2, "", 77, true}, &DecodeCommitReply);
   RoundTrip(ReadRequest{"t", 0, {1, 2, 3}}, &DecodeReadRequest);
   RoundTrip(ReadReply{{}, 7, {{"a", "1"}, {"b", std::string(300, 'x')}}, 3}, &DecodeReadReply);
   RoundTrip(StatusRequest{}, &DecodeStatusRequest);
@@ -122,6 +128,7 @@ TEST(ProtocolTest, DecodersSurviveRandomInput) {
     (void)DecodeHello(buf);
     (void)DecodeHeartbeat(buf);
     (void)DecodeCommitRequest(buf);
+    (void)DecodeDeltaBatch(buf);
     (void)DecodeStatusReply(buf);
     (void)DecodeReadReply(buf);
   }

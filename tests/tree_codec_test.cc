@@ -61,6 +61,25 @@ TEST(TreeCodec, DeltaRoundTrip) {
   EXPECT_EQ(EncodeDelta(empty).size(), kDeltaMinBytes);
 }
 
+TEST(TreeCodec, DeltaWithRequestIdRoundTripsAndKeepsTheOldFormatWithout) {
+  Delta d = SampleDelta();
+  std::string plain = EncodeDelta(d);
+  EXPECT_EQ(DecodeFixed32(plain.data()), kDeltaMagic);  // no request id: the format older WALs hold
+  d.request = RequestId{"client-7-00ff", 42};
+  std::string enc = EncodeDelta(d);
+  EXPECT_EQ(DecodeFixed32(enc.data()), kDeltaWithRequestMagic);
+  auto back = DecodeDelta(enc);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, d);
+  EXPECT_EQ(back->request.sequence, 42u);
+  for (size_t n = 0; n < enc.size(); ++n) EXPECT_TRUE(DecodeDelta(enc.substr(0, n)).status().IsCorruption()) << n;
+  for (size_t i = 0; i < enc.size(); ++i) {
+    std::string bad = enc;
+    bad[i] = static_cast<char>(bad[i] ^ 0x80);
+    EXPECT_TRUE(DecodeDelta(bad).status().IsCorruption()) << i;
+  }
+}
+
 TEST(TreeCodec, DeltaEverySingleByteFlipIsDetected) {
   std::string enc = EncodeDelta(SampleDelta());
   for (size_t i = 0; i < enc.size(); ++i) {

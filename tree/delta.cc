@@ -76,11 +76,16 @@ Status BadOp(const Op& op, std::string_view why) {
 
 std::string EncodeDelta(const Delta& delta) {
   std::string out;
-  PutFixed32(&out, kDeltaMagic);
+  const bool with_request = !delta.request.empty();
+  PutFixed32(&out, with_request ? kDeltaWithRequestMagic : kDeltaMagic);
   PutFixed32(&out, 0);  // total length, patched below
   PutLengthPrefixed(&out, delta.tree);
   PutFixed64(&out, delta.base_version);
   PutFixed64(&out, delta.new_version);
+  if (with_request) {
+    PutLengthPrefixed(&out, delta.request.client);
+    PutVarint64(&out, delta.request.sequence);
+  }
   PutVarint64(&out, delta.ops.size());
   for (const Op& op : delta.ops) {
     PutFixed8(&out, static_cast<uint8_t>(op.type));
@@ -99,7 +104,8 @@ Result<Delta> DecodeDelta(std::string_view encoded) {
   if (encoded.size() < kDeltaMinBytes) {
     return Status::Corruption("delta of " + std::to_string(encoded.size()) + " bytes is too short");
   }
-  if (DecodeFixed32(encoded.data()) != kDeltaMagic) return Status::Corruption("delta: bad magic");
+  const uint32_t magic = DecodeFixed32(encoded.data());
+  if (magic != kDeltaMagic && magic != kDeltaWithRequestMagic) return Status::Corruption("delta: bad magic");
   uint32_t total = DecodeFixed32(encoded.data() + 4);
   if (total != encoded.size()) {
     return Status::Corruption("delta: length field says " + std::to_string(total) + " bytes, have " +
@@ -115,6 +121,14 @@ Result<Delta> DecodeDelta(std::string_view encoded) {
   d.tree = std::string(name);
   CANOPY_ASSIGN_OR_RETURN(d.base_version, r.ReadFixed64());
   CANOPY_ASSIGN_OR_RETURN(d.new_version, r.ReadFixed64());
+  if (magic == kDeltaWithRequestMagic) {
+    CANOPY_ASSIGN_OR_RETURN(std::string_view client, r.ReadLengthPrefixed());
+    if (client.empty() || client.size() > kMaxRequestClientBytes) {
+      return Status::Corruption("delta: request client id of " + std::to_string(client.size()) + " bytes");
+    }
+    d.request.client = std::string(client);
+    CANOPY_ASSIGN_OR_RETURN(d.request.sequence, r.ReadVarint64());
+  }
   // Every op takes at least two bytes (type, path length).
   CANOPY_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarintBounded(r.remaining() / 2, "delta op count"));
   d.ops.reserve(static_cast<size_t>(count));

@@ -8,6 +8,10 @@
 //   fixed32 magic "CDL1" | fixed32 total_length (whole encoding, CRC included)
 //   | varint name_len, name | fixed64 base_version | fixed64 new_version
 //   | varint op_count | ops... | fixed32 crc32c(every preceding byte)
+// A delta that carries a request id (see RequestId) is encoded with magic
+// "CDL2" and, right after new_version, varint client_len, client, varint
+// sequence; one without is encoded as "CDL1" exactly as before, so older WAL
+// files and peers still decode.
 // An op is: u8 type | varint path_len, varint index * path_len | then
 //   kInsertChild, kDeleteChild: varint index
 //   kAppendChild: nothing
@@ -58,16 +62,32 @@ struct Op {
   bool operator==(const Op&) const = default;
 };
 
+// Who asked for a commit, so that a retried request is not applied twice:
+// `client` names one client instance (unique across the cluster: the client
+// picks a random part), `sequence` numbers its commits (any order, each used
+// once). Empty (client empty) when the commit has no id.
+struct RequestId {
+  std::string client;
+  uint64_t sequence = 0;
+
+  bool empty() const { return client.empty(); }
+  bool operator==(const RequestId&) const = default;
+};
+
 struct Delta {
   std::string tree;
   uint64_t base_version = 0;
   uint64_t new_version = 0;
   std::vector<Op> ops;
+  RequestId request;  // replicated with the delta and kept in the WAL
 
   bool operator==(const Delta&) const = default;
 };
 
-inline constexpr uint32_t kDeltaMagic = 0x314C4443;  // "CDL1" little-endian
+inline constexpr uint32_t kDeltaMagic = 0x314C4443;           // "CDL1" little-endian
+inline constexpr uint32_t kDeltaWithRequestMagic = 0x324C4443;  // "CDL2": with a RequestId
+// Longest RequestId::client a delta may carry.
+inline constexpr size_t kMaxRequestClientBytes = 256;
 // Smallest possible encoding (empty name, no ops): header, versions, count, crc.
 inline constexpr size_t kDeltaMinBytes = 4 + 4 + 1 + 8 + 8 + 1 + 4;
 

@@ -19,6 +19,7 @@
 #include <set>
 #include <shared_mutex>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "base/coding.h"
@@ -141,6 +142,41 @@ void PruneHistory(std::deque<RetainedVersion>& history, uint64_t latest, uint64_
   }
 }
 
+// The request ids of one tree's recent commits (see store.h): client ->
+// sequence -> version, bounded per client and in clients.
+class RequestLog {
+ public:
+  // The version committed for `id`, or 0 when it is not remembered.
+  uint64_t Find(const RequestId& id) const {
+    auto it = clients_.find(id.client);
+    if (it == clients_.end()) return 0;
+    auto s = it->second.find(id.sequence);
+    return s == it->second.end() ? 0 : s->second;
+  }
+  void Record(const RequestId& id, uint64_t version) {
+    if (id.empty()) return;
+    auto [it, fresh] = clients_.try_emplace(id.client);
+    if (fresh) {
+      order_.push_back(id.client);
+      if (order_.size() > kRequestClients) {
+        clients_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
+    auto& seqs = it->second;
+    seqs[id.sequence] = version;
+    if (seqs.size() > kRequestsPerClient) seqs.erase(seqs.begin());  // the lowest sequence
+  }
+  void Clear() {
+    clients_.clear();
+    order_.clear();
+  }
+
+ private:
+  std::unordered_map<std::string, std::map<uint64_t, uint64_t>> clients_;
+  std::deque<std::string> order_;  // clients, oldest first
+};
+
 struct TreeState {
   TreeState(std::string n, std::string d) : name(std::move(n)), dir(std::move(d)) {}
   const std::string name;
@@ -161,6 +197,7 @@ struct TreeState {
   uint64_t commits_since_checkpoint = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
+  RequestLog requests;  // ids of recent commits (duplicate detection)
   // The retained past versions, oldest first, consecutive, ending at
   // latest.number() - 1 (empty: only the newest is held).
   std::deque<RetainedVersion> history;
@@ -416,10 +453,22 @@ class StoreImpl final : public Store {
 
   // ------------------------------------------------------------ writes
 
-  Result<CommitResult> Commit(Transaction txn) override {
+  Result<CommitResult> Commit(Transaction txn, const RequestId& request) override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(txn.base().tree()));
     Delta delta = txn.ToDelta();
-    return CommitDelta(*t, delta, txn.base().root(), txn.root(), "");
+    delta.request = request;
+    return CommitDelta(*t, delta, txn.base().root(), txn.root(), "", CommitMode::kClient);
+  }
+
+  Result<CommitResult> CommitOps(std::string_view tree, std::vector<Op> ops, const RequestId& request,
+                                 uint64_t base_version) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    Delta delta;
+    delta.tree = t->name;
+    delta.base_version = base_version;  // 0: any
+    delta.ops = std::move(ops);
+    delta.request = request;
+    return CommitDelta(*t, delta, nullptr, nullptr, "", CommitMode::kClientOnLatest);
   }
 
   Result<CommitResult> ApplyDelta(const Delta& delta) override {
@@ -429,14 +478,54 @@ class StoreImpl final : public Store {
                                      std::to_string(delta.new_version) + ", not to the next version");
     }
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(delta.tree));
-    return CommitDelta(*t, delta, nullptr, nullptr, "");
+    Delta copy = delta;
+    return CommitDelta(*t, copy, nullptr, nullptr, "", CommitMode::kReplicated);
   }
 
   Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) override {
     CANOPY_ASSIGN_OR_RETURN(Delta delta, DecodeDelta(encoded));
     if (delta.new_version != delta.base_version + 1) return ApplyDelta(delta);  // the error
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(delta.tree));
-    return CommitDelta(*t, delta, nullptr, nullptr, encoded);
+    return CommitDelta(*t, delta, nullptr, nullptr, encoded, CommitMode::kReplicated);
+  }
+
+  Result<uint64_t> ApplyEncodedDeltas(const std::vector<std::string>& encoded) override {
+    if (encoded.empty()) return Status::InvalidArgument("no deltas to apply");
+    std::shared_ptr<TreeState> t;
+    uint64_t reached = 0;
+    Status failed;
+    for (const std::string& e : encoded) {
+      auto delta = DecodeDelta(e);
+      if (!delta.ok()) {
+        failed = delta.status();
+        break;
+      }
+      if (!t || t->name != delta->tree) {
+        if (t) {
+          failed = Status::InvalidArgument("a batch of deltas spans trees '" + t->name + "' and '" + delta->tree + "'");
+          break;
+        }
+        auto found = FindTree(delta->tree);
+        if (!found.ok()) return found.status();
+        t = *found;
+      }
+      if (delta->new_version != delta->base_version + 1) {
+        failed = ApplyDelta(*delta).status();  // the error
+        break;
+      }
+      auto applied = CommitDelta(*t, *delta, nullptr, nullptr, e, CommitMode::kReplicated, /*sync=*/false);
+      if (!applied.ok()) {
+        failed = applied.status();
+        break;
+      }
+      reached = applied->version;
+    }
+    if (t && reached != 0 && options_.fsync == FsyncPolicy::kAlways) {
+      std::unique_lock lk(t->mu);
+      CANOPY_RETURN_IF_ERROR(SyncLocked(lk, *t, reached, false));
+    }
+    if (!failed.ok()) return failed;
+    return reached;
   }
 
   // ------------------------------------------------------------ WAL reads
@@ -558,6 +647,7 @@ class StoreImpl final : public Store {
     t->wal = std::make_unique<WalWriter>(t->dir, options_.wal_segment_bytes, SyncsFiles());
     // The history before the snapshot went with the old directory.
     old_history.swap(t->history);
+    t->requests.Clear();
     t->latest = installed;
     t->synced = v.number();
     t->unsynced_bytes = 0;
@@ -655,11 +745,34 @@ class StoreImpl final : public Store {
     return it->second;
   }
 
-  Result<CommitResult> CommitDelta(TreeState& t, const Delta& delta, const NodePtr& base_root,
-                                   NodePtr new_root, std::string_view encoded) {
+  enum class CommitMode {
+    kClient,          // a new commit on delta.base_version (Conflict if stale); duplicates detected
+    kClientOnLatest,  // a new commit on the newest version, which must be delta.base_version unless that
+                      // is 0 (the versions are set here); duplicates detected
+    kReplicated,      // a delta made elsewhere (replica, recovery): applied as it is
+  };
+
+  // Under kAlways returns once the commit is synced, unless `sync` is false
+  // (the caller syncs a batch once).
+  Result<CommitResult> CommitDelta(TreeState& t, Delta& delta, const NodePtr& base_root, NodePtr new_root,
+                                   std::string_view encoded, CommitMode mode, bool sync = true) {
     std::vector<Version> dropped;  // versions leaving the retained window; freed after t.mu is released
     std::unique_lock lk(t.mu);
     if (!t.failed.ok()) return t.failed;
+    if (mode != CommitMode::kReplicated && !delta.request.empty()) {
+      if (uint64_t earlier = t.requests.Find(delta.request); earlier != 0) {
+        if (options_.fsync == FsyncPolicy::kAlways) CANOPY_RETURN_IF_ERROR(SyncLocked(lk, t, earlier, false));
+        return CommitResult{earlier, "", true};
+      }
+    }
+    if (mode == CommitMode::kClientOnLatest) {
+      if (delta.base_version != 0 && delta.base_version != t.latest.number()) {
+        return Status::Conflict(TreeLabel(t) + ": base version " + std::to_string(delta.base_version) +
+                                " is stale: the newest version is " + std::to_string(t.latest.number()));
+      }
+      delta.base_version = t.latest.number();
+      delta.new_version = delta.base_version + 1;
+    }
     if (delta.base_version != t.latest.number() || (base_root && base_root != t.latest.root())) {
       return Status::Conflict(TreeLabel(t) + ": commit is based on version " +
                               std::to_string(delta.base_version) + " but the newest version is " +
@@ -689,6 +802,7 @@ class StoreImpl final : public Store {
                            " failed, the tree stays at version " + std::to_string(t.latest.number()));
     }
     uint64_t v = delta.new_version;
+    t.requests.Record(delta.request, v);
     const SteadyTime now = std::chrono::steady_clock::now();
     t.history.push_back(RetainedVersion{std::move(t.latest), now});
     t.latest = Version(t.name, v, std::move(new_root));
@@ -702,7 +816,7 @@ class StoreImpl final : public Store {
       queue_checkpoint = true;
     }
     CommitResult result{v, owned.empty() ? std::string(encoded) : std::move(owned)};
-    if (options_.fsync == FsyncPolicy::kAlways) {
+    if (options_.fsync == FsyncPolicy::kAlways && sync) {
       Status ds = SyncLocked(lk, t, v, false);
       if (!ds.ok()) return ds;
     }
@@ -862,6 +976,7 @@ class StoreImpl final : public Store {
     const SteadyTime steady_now = std::chrono::steady_clock::now();
     const auto system_now = std::chrono::system_clock::now();
     std::vector<SteadyTime> segment_written;
+    std::vector<std::pair<RequestId, uint64_t>> replayed_requests;  // request ids in the WAL, in order
     for (uint64_t first : segment_firsts) {
       SteadyTime when = steady_now;
       struct stat st {};
@@ -969,6 +1084,7 @@ class StoreImpl final : public Store {
         if (!any) seg.first_version = d.new_version;
         any = true;
         seg.last_version = d.new_version;
+        if (!d.request.empty()) replayed_requests.emplace_back(d.request, d.new_version);
         if (d.new_version <= version) return Status::Ok();  // already in the base
         if (d.base_version != version) {
           const uint64_t reached = version;
@@ -1015,6 +1131,9 @@ class StoreImpl final : public Store {
       if (cv <= version) newest_at_or_before = std::max(newest_at_or_before, cv);
     }
     auto t = NewTreeState(name, Version(name, version, root));
+    for (const auto& [id, v] : replayed_requests) {
+      if (v <= version) t->requests.Record(id, v);
+    }
     t->checkpoint_version = checkpoint_version;
     t->commits_since_checkpoint = version - newest_at_or_before;
     t->wal->segments() = std::move(segments);

@@ -27,6 +27,19 @@
 // turns read-only and every later write on it returns IOError until the store
 // is reopened (which recovers what did reach the disk).
 //
+// Request ids (RequestId, tree/delta.h): a commit may name the request it
+// answers. Each tree remembers the ids of its recent commits — those
+// committed here, applied from a replicated delta (the id travels in the
+// delta) and replayed from the WAL by Open — up to kRequestsPerClient per
+// client and kRequestClients clients (the oldest go first). A Commit or
+// CommitOps whose id is remembered applies nothing: it returns the version
+// the earlier commit made, with duplicate set, once that version is durable
+// per the policy. So a client that retries a commit whose reply it lost, on
+// this node or on a replica that took over, does not apply it twice. A
+// snapshot install forgets the ids (the history they name is replaced); after
+// a restart only the ids in the replayed WAL (since the checkpoint recovery
+// starts from) are known.
+//
 // Thread safety: every Store method may be called from any number of threads
 // concurrently. Writes to one tree are serialised by a per-tree mutex; reads
 // (Latest, Version handles) never wait for fsyncs. The Store must outlive the
@@ -163,7 +176,14 @@ class VersionPin {
 struct CommitResult {
   uint64_t version = 0;       // the new version number
   std::string encoded_delta;  // EncodeDelta() of what was committed (also the WAL record)
+  // The commit's request id had been committed before, as `version`: nothing
+  // was applied now and encoded_delta is empty.
+  bool duplicate = false;
 };
+
+// How many request ids each tree remembers (see the top of this file).
+inline constexpr size_t kRequestsPerClient = 4096;
+inline constexpr size_t kRequestClients = 16384;
 
 // Receives a snapshot stream for one tree (a replica catching up, a node
 // joining). Chunks are checked and decoded as they arrive and written to a
@@ -224,8 +244,20 @@ class Store {
   // Commits `txn` as version txn.base().number() + 1. Conflict if the tree's
   // newest version is no longer the base (by number and by root identity,
   // so a base from before a snapshot install conflicts too); nothing is
-  // changed then.
-  virtual Result<CommitResult> Commit(Transaction txn) = 0;
+  // changed then. With a non-empty `request` that the tree already
+  // remembers: no Conflict, nothing applied, the earlier version returned
+  // with duplicate set.
+  virtual Result<CommitResult> Commit(Transaction txn, const RequestId& request = {}) = 0;
+  // Applies `ops` to whatever version is newest when the tree's write lock
+  // is taken, as one commit (newest + 1): unlike Begin + Commit it never
+  // conflicts with concurrent commits, so many committers on one tree do
+  // not retry each other out. With base_version != 0 the newest version
+  // must be that one (else Conflict). InvalidArgument (naming the op) if an
+  // op does not apply to the newest version; nothing is changed then.
+  // `request` as for Commit (checked first: a remembered id returns the
+  // earlier version whatever the base). Durability as Commit.
+  virtual Result<CommitResult> CommitOps(std::string_view tree, std::vector<Op> ops,
+                                         const RequestId& request = {}, uint64_t base_version = 0) = 0;
 
   // Applies an already built delta (replica side, or a leader committing a
   // delta it built itself). REQUIRES delta.base_version == the tree's newest
@@ -234,6 +266,12 @@ class Store {
   virtual Result<CommitResult> ApplyDelta(const Delta& delta) = 0;
   // Same, from EncodeDelta() bytes (Corruption if they do not decode).
   virtual Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) = 0;
+  // Applies consecutive encoded deltas in order, each as ApplyEncodedDelta,
+  // but under kAlways syncs the WAL once, after the last (a replica applying
+  // a batch from its leader pays one fdatasync). Returns the version reached.
+  // On an error the deltas before the failing one stay applied (and synced
+  // per the policy); the error names the failing delta's version.
+  virtual Result<uint64_t> ApplyEncodedDeltas(const std::vector<std::string>& encoded) = 0;
 
   // Encoded deltas with new_version > `version`, in order, read from the WAL,
   // stopping once max_bytes have been collected (at least one delta is

@@ -132,7 +132,7 @@ Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
       torn("partial record header");
       break;
     }
-    if (DecodeFixed32(head.data()) != kDeltaMagic) {
+    if (const uint32_t magic = DecodeFixed32(head.data()); magic != kDeltaMagic && magic != kDeltaWithRequestMagic) {
       torn("bad record magic");
       break;
     }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <csignal>
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -59,7 +61,7 @@ const char* kTopUsage =
     "  commit       commit edits to a tree at a consistency level ONE|QUORUM|ALL\n"
     "  read         read one tree node (attributes and child count) by path\n"
     "  status       show the ring (members, liveness) and each tree's replica versions\n"
-    "  bench        commit N single-attribute edits and print throughput and latency\n";
+    "  bench        commit N single-attribute edits from C concurrent clients and print throughput and latency\n";
 
 // Options shared by every client command.
 struct ClientArgs {
@@ -566,56 +568,110 @@ int RunBench(int argc, char** argv) {
   uint64_t count = 1000;
   uint32_t value_bytes = 100;
   uint64_t reads = 0;
+  uint32_t clients = 1, conns = 1, trees = 1;
   bool json = false;
-  po::options_description d("canopy bench options: N sequential commits, each putting one attribute of the root");
+  po::options_description d(
+      "canopy bench options: N commits, each putting one attribute of a tree's root, from CLIENTS concurrent "
+      "clients (each waits for its commit's reply before sending the next, as etcd's benchmark tool does) "
+      "multiplexed over CONNS connections per node");
   AddClientOptions(d, a);
   d.add_options()
-      ("tree", po::value(&tree)->required(), "tree name (created when missing)")
+      ("tree", po::value(&tree)->required(), "tree name (created when missing); with --trees N > 1, the trees "
+       "TREE-0 .. TREE-(N-1)")
       ("cl", po::value(&cl)->default_value("QUORUM"), "consistency level ONE|QUORUM|ALL")
-      ("count", po::value(&count)->default_value(1000), "number of commits")
+      ("count", po::value(&count)->default_value(1000), "number of commits (all clients together)")
+      ("clients,c", po::value(&clients)->default_value(1), "concurrent clients (1..4096), each one commit at a time")
+      ("conns", po::value(&conns)->default_value(1),
+       "connections the clients share (1..CLIENTS; client k uses connection k % CONNS)")
+      ("trees", po::value(&trees)->default_value(1),
+       "spread the commits over this many trees (1..4096; commit i goes to tree i % N), each with its own leader "
+       "on the ring")
       ("value-bytes", po::value(&value_bytes)->default_value(100), "size of each attribute value")
       ("reads", po::value(&reads)->default_value(0),
        "after the commits, this many sequential reads of the root from --node (a read is answered by the node "
        "asked: consistency ONE); their latency is reported too")
       ("json", po::bool_switch(&json), "print one JSON object");
-  if (!Parse(argc, argv, d, "usage: canopy bench --node URI --cluster NAME --secret-file F --tree T")) return 0;
+  if (!Parse(argc, argv, d, "usage: canopy bench --node URI --cluster NAME --secret-file F --tree T [-c CLIENTS] "
+                            "[--conns N] [--trees N]"))
+    return 0;
   auto level = ParseConsistencyLevel(cl);
   if (!level.ok()) throw UsageError(level.status().message());
-  auto c = ConnectClient(a);
-  auto created = c->CreateTree(tree);
-  if (!created.ok()) throw std::runtime_error(created.status().ToString());
-  if (created->status.code != StatusCode::kOk && created->status.code != StatusCode::kAlreadyExists) {
-    return ReportStatus(created->status, "bench");
+  if (clients < 1 || clients > 4096) throw UsageError("--clients must be 1..4096");
+  if (conns < 1 || conns > clients) throw UsageError("--conns must be 1..CLIENTS");
+  if (trees < 1 || trees > 4096) throw UsageError("--trees must be 1..4096");
+  std::vector<std::unique_ptr<Client>> connections;
+  for (uint32_t i = 0; i < conns; ++i) connections.push_back(ConnectClient(a));
+  std::vector<std::string> names;
+  for (uint32_t t = 0; t < trees; ++t) names.push_back(trees == 1 ? tree : tree + "-" + std::to_string(t));
+  for (const auto& name : names) {
+    auto created = connections[0]->CreateTree(name);
+    if (!created.ok()) throw std::runtime_error(created.status().ToString());
+    if (created->status.code != StatusCode::kOk && created->status.code != StatusCode::kAlreadyExists) {
+      return ReportStatus(created->status, "bench");
+    }
+  }
+  const std::string value(value_bytes, 'v');
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex fail_mu;
+  std::string failure;
+  StatusReplyFields failed_status;
+  std::vector<std::vector<double>> per_client(clients);
+  auto body = [&](uint32_t k) {
+    Client& c = *connections[k % conns];
+    auto& lat = per_client[k];
+    lat.reserve(count / clients + 1);
+    for (uint64_t i = next++; i < count && !failed; i = next++) {
+      CommitRequest req{names[i % trees], 0, *level, a.timeout_ms,
+                        {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string((i / trees) % 1000), value, 0}}, "", 0};
+      auto t0 = std::chrono::steady_clock::now();
+      auto r = c.Commit(req);
+      if (!r.ok() || r->status.code != StatusCode::kOk) {
+        std::lock_guard<std::mutex> lock(fail_mu);
+        if (!failed.exchange(true)) {
+          if (!r.ok()) failure = r.status().ToString();
+          else failed_status = r->status;
+        }
+        return;
+      }
+      lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
+  auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<std::thread> threads;
+    for (uint32_t k = 0; k < clients; ++k) threads.emplace_back(body, k);
+    for (auto& t : threads) t.join();
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (failed) {
+    if (!failure.empty()) throw std::runtime_error(failure);
+    return ReportStatus(failed_status, "bench");
   }
   std::vector<double> lat_us;
   lat_us.reserve(count);
-  std::string value(value_bytes, 'v');
-  auto start = std::chrono::steady_clock::now();
-  for (uint64_t i = 0; i < count; ++i) {
-    CommitRequest req{tree, 0, *level, a.timeout_ms, {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string(i % 1000), value, 0}}};
-    auto t0 = std::chrono::steady_clock::now();
-    auto r = c->Commit(req);
-    if (!r.ok()) throw std::runtime_error(r.status().ToString());
-    if (int rc = ReportStatus(r->status, "bench")) return rc;
-    lat_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-  }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& l : per_client) lat_us.insert(lat_us.end(), l.begin(), l.end());
   std::sort(lat_us.begin(), lat_us.end());
   auto pct = [&](double p) { return lat_us.empty() ? 0.0 : lat_us[std::min(lat_us.size() - 1, size_t(p * lat_us.size()))]; };
   double tput = secs > 0 ? count / secs : 0;
-  double commit_p50 = pct(0.50), commit_p99 = pct(0.99);
+  double commit_p50 = pct(0.50), commit_p99 = pct(0.99), commit_p999 = pct(0.999);
+  double commit_max = lat_us.empty() ? 0.0 : lat_us.back();
+  uint64_t retries = 0;
+  for (const auto& c : connections) retries += c->retries();
   lat_us.clear();
   for (uint64_t i = 0; i < reads; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    auto r = c->Read(ReadRequest{tree, 0, {}});
+    auto r = connections[0]->Read(ReadRequest{names[0], 0, {}});
     if (!r.ok()) throw std::runtime_error(r.status().ToString());
     if (int rc = ReportStatus(r->status, "bench")) return rc;
     lat_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(lat_us.begin(), lat_us.end());
   if (json) {
-    nlohmann::json j{{"cl", cl}, {"count", count}, {"value_bytes", value_bytes}, {"seconds", secs},
-                     {"commits_per_s", tput}, {"p50_us", commit_p50}, {"p99_us", commit_p99}};
+    nlohmann::json j{{"cl", cl}, {"count", count}, {"value_bytes", value_bytes}, {"clients", clients},
+                     {"conns", conns}, {"trees", trees}, {"seconds", secs}, {"commits_per_s", tput},
+                     {"p50_us", commit_p50}, {"p99_us", commit_p99}, {"p999_us", commit_p999},
+                     {"max_us", commit_max}, {"retries", retries}};
     if (reads > 0) {
       j["reads"] = reads;
       j["read_p50_us"] = pct(0.50);
@@ -623,8 +679,10 @@ int RunBench(int argc, char** argv) {
     }
     std::cout << j.dump() << "\n";
   } else {
-    std::printf("%s: %lu commits of %u bytes in %.3f s: %.0f commits/s, p50 %.0f us, p99 %.0f us\n", cl.c_str(),
-                static_cast<unsigned long>(count), value_bytes, secs, tput, commit_p50, commit_p99);
+    std::printf("%s: %lu commits of %u bytes from %u clients over %u connections to %u trees in %.3f s: "
+                "%.0f commits/s, p50 %.0f us, p99 %.0f us, p99.9 %.0f us\n",
+                cl.c_str(), static_cast<unsigned long>(count), value_bytes, clients, conns, trees, secs, tput,
+                commit_p50, commit_p99, commit_p999);
     if (reads > 0) {
       std::printf("reads: %lu of the root, p50 %.0f us, p99 %.0f us\n", static_cast<unsigned long>(reads), pct(0.50),
                   pct(0.99));
