@@ -79,6 +79,22 @@ Result<ReadReply> Client::Read(const ReadRequest& request) {
   return DecodeReadReply(m.payload);
 }
 
+Result<SliceReply> Client::Slice(const SliceRequest& request) {
+  std::string payload = Encode(request);
+  auto extra = request.level == ReadLevel::kOne ? std::chrono::milliseconds(0)
+                                                : std::chrono::milliseconds(request.timeout_ms);
+  for (int hop = 0; hop < 2; ++hop) {
+    CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kSliceRequest, payload, MessageType::kSliceReply, extra));
+    CANOPY_ASSIGN_OR_RETURN(SliceReply reply, DecodeSliceReply(m.payload));
+    if (hop == 0 && reply.status.code == StatusCode::kUnavailable && !reply.leader.empty() && reply.leader != uri_) {
+      CANOPY_RETURN_IF_ERROR(Open(reply.leader));
+      continue;
+    }
+    return reply;
+  }
+  return Status::Unavailable("redirected twice");
+}
+
 Result<StatusReply> Client::GetStatus() {
   CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kStatusRequest, Encode(StatusRequest{}), MessageType::kStatusReply));
   return DecodeStatusReply(m.payload);

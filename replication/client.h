@@ -1,5 +1,5 @@
 // Client: talks to a canopy node as an authenticated client (role kClient):
-// CREATE_TREE, COMMIT, READ, STATUS. Used by the `canopy` CLI and the tests.
+// CREATE_TREE, COMMIT, READ, SLICE, STATUS. Used by the `canopy` CLI and the tests.
 //
 // CreateTree and Commit follow one redirect: a node that does not lead the
 // tree answers Unavailable with the leader's URI, and the client reconnects
@@ -38,6 +38,10 @@ class Client {
   Result<CreateTreeReply> CreateTree(const std::string& tree);
   Result<CommitReply> Commit(const CommitRequest& request);
   Result<ReadReply> Read(const ReadRequest& request);
+  // SLICE: a node and a slice of its children, at request.level. LEADER
+  // follows one redirect to the tree's leader (as Commit does); the reply
+  // says which node's copy it is (answered_by).
+  Result<SliceReply> Slice(const SliceRequest& request);
   Result<StatusReply> GetStatus();
 
   // URI of the node this client is connected to now.
