@@ -77,9 +77,9 @@ spread() {
     port=$(cat "$work/n$n-$i.port")
     if [[ $method == POST ]]; then
       "$load" -n 100000000 -c "$c" -t 1 -k -d "$seconds" --json --timeout 10 --method POST --body "$body" \
-        -H 'Content-Type: application/json' "http://127.0.0.1:$port$path" > "$work/load.$i" 2>&1 &
+        -H 'Content-Type: application/json' "http://127.0.0.1:$port$path" > "$work/load.$i" 2> /dev/null &
     else
-      "$load" -n 100000000 -c "$c" -t 1 -k -d "$seconds" --json --timeout 10 "http://127.0.0.1:$port$path" > "$work/load.$i" 2>&1 &
+      "$load" -n 100000000 -c "$c" -t 1 -k -d "$seconds" --json --timeout 10 "http://127.0.0.1:$port$path" > "$work/load.$i" 2> /dev/null &
     fi
     out+=($!)
   done
@@ -120,7 +120,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     stop_nodes
   done
   if [[ -n $nginx_url ]]; then
-    ng=$("$load" -n 100000000 -c "$conns" -t 1 -k -d "$seconds" --json "$nginx_url" | jq '.requests_per_s')
+    ng=$({ "$load" -n 100000000 -c "$conns" -t 1 -k -d "$seconds" --json "$nginx_url" 2> /dev/null || true; } | jq '.requests_per_s // 0')
     nginx_rates+=("$ng")
     bench_log "rep $rep: nginx 1 KiB file: $ng req/s"
   fi
