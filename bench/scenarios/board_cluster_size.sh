@@ -105,9 +105,10 @@ for ((rep = 1; rep <= reps; rep++)); do
       r=$(run_load ${paths[$k]})
       rates[$n,$k]+="$r "
     done
+    stop_nodes
+    rm -rf "$work"/n"$n"-*
     bench_log "rep $rep, $n nodes: node 1 idle $(awk '{ print $NF }' <<<"${idle[$n]}")% CPU before the loads;" \
       "$(for k in 0 1 2 3; do printf '%s %.0f/s; ' "${labels[$k]}" "$(awk '{ print $NF }' <<<"${rates[$n,$k]}")"; done)"
-    stop_nodes
   done
 done
 

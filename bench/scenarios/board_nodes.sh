@@ -4,7 +4,8 @@
 # 64 keep-alive connections spread evenly over the nodes (one `load -k` per
 # node, run side by side for the same duration; the rates are summed). Reads
 # list 10 messages at cl=ONE; posts are at cl=QUORUM. Beside them, nginx
-# serving a 1 KiB file to `load -c 64 -k` on the same machine: the HTTP
+# (one worker, not pinned, like the nodes) serving a 1 KiB file to
+# `load -c 64 -k` on the same machine: the HTTP
 # ceiling of the box. Samples are paired per rep (board reads from one node,
 # nginx). Goal (issue 18): >= 20 k board reads/s from one node; the rates
 # grow with nodes or the fragment names the bottleneck: every process here
@@ -41,7 +42,7 @@ head -c 1024 /dev/urandom > "$work/root/small.bin"
 chmod 755 "$work" "$work/root"
 chmod 644 "$work/root/small.bin"
 nginx_url=""
-if bench_need_peer nginx nginx-light && bench_nginx_start "$work/nginx" "$work/root" "$(bench_cpus | head -n 1)"; then
+if bench_need_peer nginx nginx-light && bench_nginx_start "$work/nginx" "$work/root" "$(bench_cpus | paste -sd,)"; then
   nginx_url="http://127.0.0.1:$BENCH_NGINX_PORT/small.bin"
 else
   bench_log "no nginx: the fragment has no nginx figure"
@@ -118,6 +119,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     read_rates[$n]+="$r "
     [[ $n == 1 ]] && one_node_reads+=("$r")
     stop_nodes
+    rm -rf "$work"/n"$n"-*
   done
   if [[ -n $nginx_url ]]; then
     ng=$({ "$load" -n 100000000 -c "$conns" -t 1 -k -d "$seconds" --json "$nginx_url" 2> /dev/null || true; } | jq '.requests_per_s // 0')
