@@ -99,6 +99,11 @@ spread() {
 declare -A post_rates read_rates
 one_node_reads=() nginx_rates=()
 for ((rep = 1; rep <= reps; rep++)); do
+  if [[ -n $nginx_url ]]; then
+    ng=$({ "$load" -n 100000000 -c "$conns" -t 1 -k -d "$seconds" --json "$nginx_url" 2> /dev/null || true; } | jq '.requests_per_s // 0')
+    nginx_rates+=("$ng")
+    bench_log "rep $rep: nginx 1 KiB file: $ng req/s"
+  fi
   for n in $node_counts; do
     start_cluster "$n" || exit 1
     port1=$(cat "$work/n$n-1.port")
@@ -121,11 +126,6 @@ for ((rep = 1; rep <= reps; rep++)); do
     stop_nodes
     rm -rf "$work"/n"$n"-*
   done
-  if [[ -n $nginx_url ]]; then
-    ng=$({ "$load" -n 100000000 -c "$conns" -t 1 -k -d "$seconds" --json "$nginx_url" 2> /dev/null || true; } | jq '.requests_per_s // 0')
-    nginx_rates+=("$ng")
-    bench_log "rep $rep: nginx 1 KiB file: $ng req/s"
-  fi
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }

@@ -372,7 +372,11 @@ std::optional<Result<SliceReply>> BoardService::SliceRead(const SliceRequest& re
   auto view = CurrentView(may_block);
   if (!may_block) {
     // The fast path: this node's own store, when it owns the tree.
-    if (!options_.local_slice || !view->valid || !view->IsOwner(request.tree)) return std::nullopt;
+    // A stale view sends the request to a worker, which refreshes it.
+    if (!options_.local_slice || !view->valid || Clock::now() - view->fetched >= options_.view_refresh ||
+        !view->IsOwner(request.tree)) {
+      return std::nullopt;
+    }
     SliceReply r = options_.local_slice(request);
     if (r.status.code != StatusCode::kOk) return std::nullopt;  // the worker sorts it out
     return Result<SliceReply>(std::move(r));
