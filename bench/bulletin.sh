@@ -14,8 +14,11 @@
 #        BOARD_LIMIT    messages per list (default 10)
 #        BOARD_FSYNC    --fsync of the nodes: always|batch|none (default always)
 #        BOARD_TEXT_BYTES  message text size (default 100)
-# Note: the HTTP server of a node is single-threaded, so concurrent posts to
-# one node are served one at a time (see tools/canopy/board.h).
+#        BOARD_READ_CL  consistency level of the reads: ONE|LEADER|QUORUM (default ONE)
+# Posts and reads that may block run on the board's worker threads, so
+# concurrent posts to one node wait for their level side by side (see
+# tools/canopy/board.h). For 64 connections spread over 1, 3 and 5 nodes and
+# nginx beside it, see bench/scenarios/board_nodes.sh.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -38,6 +41,7 @@ cl=${BOARD_CL:-QUORUM}
 limit=${BOARD_LIMIT:-10}
 fsync=${BOARD_FSYNC:-always}
 text_bytes=${BOARD_TEXT_BYTES:-100}
+read_cl=${BOARD_READ_CL:-ONE}
 
 work=$(mktemp -d /tmp/canopy-bulletin-bench.XXXXXX)
 pids=()
@@ -95,7 +99,7 @@ for n in $node_counts; do
   [[ $code == 201 ]] || { echo "bulletin.sh: creating the board answered $code" >&2; exit 1; }
   w=$("$load" -n "$writes" -c "$conns" -t 1 -k --json --method POST --body "$body" \
     -H 'Content-Type: application/json' "$base/boards/bench/messages?cl=$cl")
-  r=$("$load" -n "$reads" -c "$conns" -t 1 -k --json "$base/boards/bench/messages?after=0&limit=$limit")
+  r=$("$load" -n "$reads" -c "$conns" -t 1 -k --json "$base/boards/bench/messages?after=0&limit=$limit&cl=$read_cl")
   runs+=("$(python3 - "$n" "$w" "$r" <<'EOF'
 import json, sys
 n, w, r = int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])

@@ -366,6 +366,27 @@ Result<ReadReply> Client::Read(const ReadRequest& request) {
   return DecodeReadReply(m.payload);
 }
 
+Result<SliceReply> Client::Slice(const SliceRequest& request) {
+  std::string payload = Encode(request);
+  // LEADER and QUORUM reads may wait up to their own timeout at the node.
+  auto extra = request.level == ReadLevel::kOne ? std::chrono::milliseconds(0)
+                                                : std::chrono::milliseconds(request.timeout_ms);
+  for (int hop = 0; hop < 2; ++hop) {
+    CANOPY_ASSIGN_OR_RETURN(auto ch, ChannelTo(connected_uri()));
+    CANOPY_ASSIGN_OR_RETURN(auto m, ch->Call(MessageType::kSliceRequest, payload, MessageType::kSliceReply,
+                                             Deadline::After(options_.timeout + extra)));
+    CANOPY_ASSIGN_OR_RETURN(SliceReply reply, DecodeSliceReply(m.payload));
+    if (hop == 0 && reply.status.code == StatusCode::kUnavailable && !reply.leader.empty() &&
+        reply.leader != connected_uri()) {
+      CANOPY_RETURN_IF_ERROR(ChannelTo(reply.leader).status());
+      SetCurrent(reply.leader);
+      continue;
+    }
+    return reply;
+  }
+  return Status::Unavailable("redirected twice");
+}
+
 Result<StatusReply> Client::GetStatus() {
   CANOPY_ASSIGN_OR_RETURN(auto m, Call(MessageType::kStatusRequest, Encode(StatusRequest{}), MessageType::kStatusReply));
   CANOPY_ASSIGN_OR_RETURN(StatusReply reply, DecodeStatusReply(m.payload));

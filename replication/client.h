@@ -1,6 +1,6 @@
 // Client: talks to a canopy node as an authenticated client (role kClient):
-// CREATE_TREE, COMMIT, READ, STATUS. Used by the `canopy` CLI, `canopy
-// bench` and the tests.
+// CREATE_TREE, COMMIT, READ, SLICE, STATUS. Used by the `canopy` CLI, `canopy
+// bench`, the board and the tests.
 //
 // Multiplexing: Commit may be called from many threads at once on one
 // Client; their requests share one connection (per node), each carries a
@@ -80,6 +80,10 @@ class Client {
   // Fills request.client and request.sequence unless request.client is set.
   Result<CommitReply> Commit(const CommitRequest& request);
   Result<ReadReply> Read(const ReadRequest& request);
+  // SLICE: a node and a slice of its children, at request.level. LEADER
+  // follows one redirect to the tree's leader (as Commit does); the reply
+  // says which node's copy it is (answered_by).
+  Result<SliceReply> Slice(const SliceRequest& request);
   Result<StatusReply> GetStatus();
 
   // URI of the node this client sends requests to now.

@@ -304,6 +304,11 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
         CANOPY_RETURN_IF_ERROR(SendMessage(conn, HandleRead(req)));
         break;
       }
+      case MessageType::kSliceRequest: {
+        CANOPY_ASSIGN_OR_RETURN(SliceRequest req, DecodeSliceRequest(m->payload));
+        CANOPY_RETURN_IF_ERROR(SendMessage(conn, HandleSlice(req)));
+        break;
+      }
       case MessageType::kStatusRequest: {
         CANOPY_RETURN_IF_ERROR(DecodeStatusRequest(m->payload).status());
         CANOPY_RETURN_IF_ERROR(SendMessage(conn, HandleStatus()));
@@ -350,5 +355,6 @@ void Node::Stop() {
 
 const std::string& Node::uri() const { return impl_->uri; }
 const std::string& Node::node_id() const { return impl_->node_id; }
+SliceReply Node::Slice(const SliceRequest& request) { return impl_->HandleSlice(request); }
 
 }  // namespace canopy::replication

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "replication/protocol.h"
 #include "replication/ring.h"
 #include "tree/store.h"
 
@@ -103,6 +104,13 @@ class Node {
   // The URI peers and clients reach this node at (real port filled in).
   const std::string& uri() const;
   const std::string& node_id() const;
+
+  // Serves a SLICE read in-process, exactly as the same request arriving
+  // over the wire would be (see SliceRequest in protocol.h for the levels):
+  // a front end running in the node's process (the bulletin board) skips the
+  // loopback round trip. Thread safe; LEADER and QUORUM may block up to
+  // request.timeout_ms.
+  SliceReply Slice(const SliceRequest& request);
 
   struct Impl;
 

@@ -14,6 +14,8 @@
 //   node_failover.cc  taking over a tree whose leader died: asking the other
 //                     owners for their state, and answering such asks
 //   node_client.cc    client requests: COMMIT, READ, STATUS, CREATE_TREE
+//   node_reads.cc     SLICE reads at ONE / LEADER / QUORUM (its own locks:
+//                     fence_mu, read_pool_mu; see there)
 //
 // Lock discipline (the same in every file):
 //   - `mu` guards the cluster view: every field below marked (mu). `cv`
@@ -51,6 +53,7 @@
 #include "base/file.h"
 #include "base/metrics.h"
 #include "base/result.h"
+#include "replication/client.h"
 #include "replication/failure_detector.h"
 #include "replication/handshake.h"
 #include "replication/meta/metadata.h"
@@ -68,6 +71,10 @@ namespace canopy::replication {
 inline constexpr uint64_t kFirstEpoch = 1;
 // Deltas read from the WAL per batch on a leader stream.
 inline constexpr size_t kDeltaBatchBytes = 4u << 20;
+// Children one SLICE may return.
+inline constexpr uint32_t kMaxSliceChildren = 4096;
+// Idle connections kept per peer for QUORUM reads.
+inline constexpr size_t kMaxIdlePeerClients = 16;
 // Incoming connections served at once; more are refused with ERROR.
 inline constexpr int kMaxServedConnections = 1024;
 // COMMITs one connection may have queued or running at once; the
@@ -306,6 +313,32 @@ struct Node::Impl {
   StatusReply HandleStatus();
   void FillStatusLocked(StatusReply* out, std::vector<tree::Version>* latest);
   CreateTreeReply HandleCreateTree(const CreateTreeRequest& req);
+
+  // ================================================ node_reads.cc: SLICE reads
+  SliceReply HandleSlice(const SliceRequest& req);
+  // `req`'s node and child slice in version `v` (status set on a bad path).
+  SliceReply SliceAt(const tree::Version& v, const SliceRequest& req);
+  // ONE: this node's newest (or the retained req.version).
+  SliceReply SliceLocal(const SliceRequest& req);
+  SliceReply SliceAtLeader(const SliceRequest& req);
+  SliceReply SliceAtQuorum(const SliceRequest& req);
+  // The newest version a quorum of the tree's replica set holds durably.
+  uint64_t QuorumDurableLocked(const std::string& tree_name, uint32_t* replicas);
+  // The metadata state from a raft barrier that started after this call;
+  // concurrent callers share one barrier (fence_mu).
+  Result<std::shared_ptr<const meta::ClusterState>> MetaBarrier(Deadline deadline);
+  // A pooled client connection to a peer (read_pool_mu), and its return.
+  std::unique_ptr<Client> TakePeerClient(const std::string& peer_uri, Status* error);
+  void ReturnPeerClient(const std::string& peer_uri, std::unique_ptr<Client> c);
+
+  std::mutex fence_mu;  // never held with mu
+  std::condition_variable fence_cv;
+  uint64_t fence_started = 0;  // barriers begun (fence_mu)
+  uint64_t fence_done = 0;     // the last one finished (fence_mu)
+  bool fence_running = false;
+  Result<std::shared_ptr<const meta::ClusterState>> fence_result = Status::Unavailable("no barrier yet");
+  std::mutex read_pool_mu;  // never held with mu nor across a call
+  std::map<std::string, std::vector<std::unique_ptr<Client>>> read_pool;  // peer URI -> idle clients
 };
 
 // The COMMITs in flight on one connection (node_client.cc). The

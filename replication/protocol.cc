@@ -177,6 +177,8 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kProbeRequest: return "PROBE_REQUEST";
     case MessageType::kTreeStateRequest: return "TREE_STATE_REQUEST";
     case MessageType::kTreeStateReply: return "TREE_STATE_REPLY";
+    case MessageType::kSliceRequest: return "SLICE";
+    case MessageType::kSliceReply: return "SLICE_REPLY";
   }
   return fmt::format("UNKNOWN(0x{:04x})", type);
 }
@@ -195,6 +197,25 @@ const char* ConsistencyLevelName(ConsistencyLevel level) {
     case ConsistencyLevel::kOne: return "ONE";
     case ConsistencyLevel::kQuorum: return "QUORUM";
     case ConsistencyLevel::kAll: return "ALL";
+  }
+  return "?";
+}
+
+Result<ReadLevel> ParseReadLevel(std::string_view text) {
+  std::string upper(text);
+  std::transform(upper.begin(), upper.end(), upper.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (upper == "ONE") return ReadLevel::kOne;
+  if (upper == "LEADER") return ReadLevel::kLeader;
+  if (upper == "QUORUM") return ReadLevel::kQuorum;
+  return Status::InvalidArgument("read consistency level must be ONE, LEADER or QUORUM, not '" + std::string(text) +
+                                 "'");
+}
+
+const char* ReadLevelName(ReadLevel level) {
+  switch (level) {
+    case ReadLevel::kOne: return "ONE";
+    case ReadLevel::kLeader: return "LEADER";
+    case ReadLevel::kQuorum: return "QUORUM";
   }
   return "?";
 }
@@ -235,6 +256,8 @@ TYPE_OF(CreateTreeReply, kCreateTreeReply)
 TYPE_OF(ProbeRequest, kProbeRequest)
 TYPE_OF(TreeStateRequest, kTreeStateRequest)
 TYPE_OF(TreeStateReply, kTreeStateReply)
+TYPE_OF(SliceRequest, kSliceRequest)
+TYPE_OF(SliceReply, kSliceReply)
 #undef TYPE_OF
 
 // ---- HELLO / CHALLENGE / AUTH / WELCOME ----
@@ -726,6 +749,104 @@ Result<ReadReply> DecodeReadReply(std::string_view payload) {
     }
   }
   CANOPY_ASSIGN_OR_RETURN(m.child_count, r.U32Varint("child count"));
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+// ---- SLICE ----
+
+namespace {
+
+void PutAttributes(PayloadWriter* w, const std::map<std::string, std::string>& attributes) {
+  w->U64(attributes.size());
+  for (const auto& [k, v] : attributes) {
+    w->Bytes(k);
+    w->Bytes(v);
+  }
+}
+
+Result<std::map<std::string, std::string>> GetAttributes(PayloadReader* r, const char* what) {
+  std::map<std::string, std::string> out;
+  CANOPY_ASSIGN_OR_RETURN(uint64_t n, r->Count("attribute count"));
+  for (uint64_t i = 0; i < n; ++i) {
+    CANOPY_ASSIGN_OR_RETURN(std::string k, r->Bytes(kMaxBlobBytes));
+    CANOPY_ASSIGN_OR_RETURN(std::string v, r->Bytes(kMaxBlobBytes));
+    if (!out.emplace(std::move(k), std::move(v)).second) {
+      return Status::Corruption(std::string(what) + ": duplicate attribute key");
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Encode(const SliceRequest& m) {
+  PayloadWriter w(MessageType::kSliceRequest);
+  w.Bytes(m.tree);
+  w.U64(m.version);
+  w.Path(m.path);
+  w.U64(m.child_from);
+  w.U64(m.child_limit);
+  w.Bool(m.from_end);
+  w.U8(static_cast<uint8_t>(m.level));
+  w.U64(m.timeout_ms);
+  return w.Finish();
+}
+Result<SliceRequest> DecodeSliceRequest(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kSliceRequest);
+  SliceRequest m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.path, r.Path());
+  CANOPY_ASSIGN_OR_RETURN(m.child_from, r.U32Varint("child_from"));
+  CANOPY_ASSIGN_OR_RETURN(m.child_limit, r.U32Varint("child_limit"));
+  CANOPY_ASSIGN_OR_RETURN(m.from_end, r.Bool());
+  CANOPY_ASSIGN_OR_RETURN(uint8_t level, r.U8());
+  if (level < static_cast<uint8_t>(ReadLevel::kOne) || level > static_cast<uint8_t>(ReadLevel::kQuorum)) {
+    return Status::Corruption(fmt::format("SLICE: unknown read level {}", level));
+  }
+  m.level = static_cast<ReadLevel>(level);
+  CANOPY_ASSIGN_OR_RETURN(m.timeout_ms, r.U32Varint("timeout_ms"));
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const SliceReply& m) {
+  PayloadWriter w(MessageType::kSliceReply);
+  w.StatusFields(m.status);
+  w.U64(m.version);
+  w.U64(m.data_epoch);
+  PutAttributes(&w, m.attributes);
+  w.U64(m.child_count);
+  w.U64(m.child_start);
+  w.U64(m.children.size());
+  for (const auto& c : m.children) {
+    PutAttributes(&w, c.attributes);
+    w.U64(c.child_count);
+  }
+  w.Bytes(m.leader);
+  w.Bytes(m.answered_by);
+  return w.Finish();
+}
+Result<SliceReply> DecodeSliceReply(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kSliceReply);
+  SliceReply m;
+  CANOPY_ASSIGN_OR_RETURN(m.status, r.StatusFields());
+  CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.data_epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.attributes, GetAttributes(&r, "SLICE_REPLY"));
+  CANOPY_ASSIGN_OR_RETURN(m.child_count, r.U32Varint("child count"));
+  CANOPY_ASSIGN_OR_RETURN(m.child_start, r.U32Varint("child start"));
+  CANOPY_ASSIGN_OR_RETURN(uint64_t n, r.Count("children"));
+  m.children.reserve(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    SliceChild c;
+    CANOPY_ASSIGN_OR_RETURN(c.attributes, GetAttributes(&r, "SLICE_REPLY child"));
+    CANOPY_ASSIGN_OR_RETURN(c.child_count, r.U32Varint("child count"));
+    m.children.push_back(std::move(c));
+  }
+  CANOPY_ASSIGN_OR_RETURN(m.leader, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.answered_by, r.Bytes(kMaxNameBytes));
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

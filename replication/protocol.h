@@ -88,6 +88,8 @@ enum class MessageType : uint16_t {
   kTreeStateReply = 0x0132,
   // Commit path (0x0140-0x014f).
   kDeltaBatch = 0x0140,
+  kSliceRequest = 0x0128,
+  kSliceReply = 0x0129,
 };
 
 // "HELLO", "DELTA", ... or "UNKNOWN(0x....)".
@@ -352,6 +354,59 @@ struct ReadReply {
   bool operator==(const ReadReply&) const = default;
 };
 
+// How fresh a read must be (SLICE). See node_client.cc for what each costs.
+//   ONE     the answering node's newest version (any owner; may lag).
+//   LEADER  at the tree's leader (a non-leader redirects): the newest version
+//           held durably by a quorum of owners once every version the leader
+//           had when the read arrived is (read-your-writes for writes at any
+//           level; linearizable: with the metadata raft the leader first
+//           proves by a raft read that it still leads at its epoch).
+//   QUORUM  the answering node gathers the copies of a quorum of owners and
+//           answers the newest (data epoch, version): sees every write
+//           acknowledged at QUORUM or ALL before the read began (R + W > N),
+//           without the leader; may return a write not acknowledged yet.
+enum class ReadLevel : uint8_t { kOne = 1, kLeader = 2, kQuorum = 3 };
+// "ONE" / "LEADER" / "QUORUM" (case-insensitive) or InvalidArgument.
+Result<ReadLevel> ParseReadLevel(std::string_view text);
+const char* ReadLevelName(ReadLevel level);
+
+// Reads one node of a tree and a slice of its children, each with its
+// attributes and child count, in one round trip: a listing of M children
+// costs one request instead of M + 1 READs.
+struct SliceRequest {
+  std::string tree;
+  uint64_t version = 0;  // 0: the newest the level allows; else that retained version (ONE only)
+  std::vector<uint32_t> path;
+  uint32_t child_from = 0;   // first child returned
+  uint32_t child_limit = 0;  // children returned at most (0: none, only the node itself)
+  // Count child_from from the end: the slice is children
+  // [n - child_from - child_limit, n - child_from) of the n, clamped at 0
+  // (the oldest children of a list that grows at index 0).
+  bool from_end = false;
+  ReadLevel level = ReadLevel::kOne;
+  uint32_t timeout_ms = 2000;  // LEADER / QUORUM: how long the node may wait for peers
+  bool operator==(const SliceRequest&) const = default;
+};
+
+struct SliceChild {
+  std::map<std::string, std::string> attributes;
+  uint32_t child_count = 0;
+  bool operator==(const SliceChild&) const = default;
+};
+
+struct SliceReply {
+  StatusReplyFields status;
+  uint64_t version = 0;     // the version read
+  uint64_t data_epoch = 0;  // epoch of the leader the answering copy's data came from (0: unknown)
+  std::map<std::string, std::string> attributes;
+  uint32_t child_count = 0;
+  uint32_t child_start = 0;          // index of children[0] among the node's children
+  std::vector<SliceChild> children;  // children [child_start, child_start + children.size())
+  std::string leader;                // LEADER at a non-leader: Unavailable + the leader's URI
+  std::string answered_by;           // node id whose copy was read
+  bool operator==(const SliceReply&) const = default;
+};
+
 struct StatusRequest {
   bool operator==(const StatusRequest&) const = default;
 };
@@ -424,6 +479,8 @@ std::string Encode(const CreateTreeReply& m);
 std::string Encode(const ProbeRequest& m);
 std::string Encode(const TreeStateRequest& m);
 std::string Encode(const TreeStateReply& m);
+std::string Encode(const SliceRequest& m);
+std::string Encode(const SliceReply& m);
 
 // The frame type each message travels with.
 MessageType TypeOf(const Hello&);
@@ -450,6 +507,8 @@ MessageType TypeOf(const CreateTreeReply&);
 MessageType TypeOf(const ProbeRequest&);
 MessageType TypeOf(const TreeStateRequest&);
 MessageType TypeOf(const TreeStateReply&);
+MessageType TypeOf(const SliceRequest&);
+MessageType TypeOf(const SliceReply&);
 
 // Decoders: Corruption (with the reason) on anything malformed.
 Result<Hello> DecodeHello(std::string_view payload);
@@ -476,5 +535,7 @@ Result<CreateTreeReply> DecodeCreateTreeReply(std::string_view payload);
 Result<ProbeRequest> DecodeProbeRequest(std::string_view payload);
 Result<TreeStateRequest> DecodeTreeStateRequest(std::string_view payload);
 Result<TreeStateReply> DecodeTreeStateReply(std::string_view payload);
+Result<SliceRequest> DecodeSliceRequest(std::string_view payload);
+Result<SliceReply> DecodeSliceReply(std::string_view payload);
 
 }  // namespace canopy::replication

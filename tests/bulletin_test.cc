@@ -1,7 +1,11 @@
 // The bulletin-board HTTP API of `canopy node --http` (tools/canopy/board.h)
 // on 3-node clusters on 127.0.0.1: boards and messages written through one
 // node are read back through another, every error status, a write at ALL
-// with a node SIGKILLed, and tools/load posting with --method POST --body.
+// with a node SIGKILLed, and tools/load posting with --method POST --body;
+// reads at LEADER and QUORUM see a write at once from any node, and a write
+// waiting for its consistency level does not hold up the node's other clients.
+#include <chrono>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -230,6 +234,78 @@ TEST(BulletinTest, AllFailsWithANodeKilledAndTheNodeKeepsServing) {
   }, std::chrono::seconds(10))) << listed.dump();
   EXPECT_EQ(listed["messages"][2]["text"], "at quorum");
   EXPECT_EQ(b.Call(leader, "GET", "/boards").status, 200);
+}
+
+// Reads at LEADER and QUORUM through any node see a QUORUM write at once
+// (no waiting for replicas to catch up, unlike ONE).
+TEST(BulletinTest, LeaderAndQuorumReadsSeeAcknowledgedPosts) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "fresh"})").status, 201);
+  for (int i = 1; i <= 6; ++i) {
+    size_t writer = static_cast<size_t>(i) % 3;
+    auto posted = b.Call(writer, "POST", "/boards/fresh/messages?cl=QUORUM", Message("w", "m" + std::to_string(i)));
+    ASSERT_EQ(posted.status, 201) << posted.body;
+    for (const char* cl : {"LEADER", "QUORUM"}) {
+      size_t reader = (writer + 1) % 3;
+      auto r = b.Call(reader, "GET", std::string("/boards/fresh/messages?limit=3&after=") +
+                                         std::to_string(i > 3 ? i - 3 : 0) + "&cl=" + cl);
+      ASSERT_EQ(r.status, 200) << cl << " " << r.body;
+      json j = BoardCluster::Body(r);
+      EXPECT_EQ(j["count"], i) << cl << " read through node " << reader + 1 << ": " << r.body;
+      EXPECT_EQ(j["cl"], cl);
+      ASSERT_FALSE(j["messages"].empty()) << r.body;
+      EXPECT_EQ(j["messages"].back()["text"], "m" + std::to_string(i)) << cl << ": " << r.body;
+    }
+  }
+  // Text that needs escaping survives the listing's JSON rendering.
+  const std::string odd = "quote \" backslash \\ newline \n tab \t ctrl \x01 utf8 \xc3\xa9 \xe2\x82\xac \xf0\x9f\x99\x82";
+  ASSERT_EQ(b.Call(0, "POST", "/boards/fresh/messages", json{{"author", "w"}, {"text", odd}}.dump()).status, 201);
+  auto listed = b.Call(0, "GET", "/boards/fresh/messages?after=6&cl=LEADER");
+  ASSERT_EQ(listed.status, 200) << listed.body;
+  json lj = BoardCluster::Body(listed);
+  ASSERT_TRUE(lj.is_object()) << listed.body;
+  ASSERT_EQ(lj["messages"].size(), 1u) << listed.body;
+  EXPECT_EQ(lj["messages"][0]["text"], odd);
+  EXPECT_EQ(b.Call(0, "GET", "/boards?cl=QUORUM").status, 200);
+  EXPECT_EQ(b.Call(0, "GET", "/boards/fresh/messages?cl=ALL").status, 400);
+  EXPECT_EQ(b.Call(0, "GET", "/boards/fresh/messages?cl=LEADER&version=2").status, 400);
+  EXPECT_EQ(b.Call(1, "GET", "/boards/nosuch/messages?cl=QUORUM").status, 404);
+  EXPECT_EQ(b.Call(1, "GET", "/boards/nosuch/messages?cl=LEADER").status, 404);
+}
+
+// A post waiting for ALL (one replica killed) holds one board worker; the
+// same node keeps answering reads and other posts meanwhile.
+TEST(BulletinTest, AWaitingWriteDoesNotBlockOtherClients) {
+  BoardCluster b(3);
+  ASSERT_TRUE(b.Start());
+  ASSERT_EQ(b.Call(0, "POST", "/boards", R"({"name": "busy"})").status, 201);
+  ASSERT_EQ(b.Call(0, "POST", "/boards/busy/messages?cl=ALL", Message("a", "first")).status, 201);
+  auto state = b.cluster().TreeState(0, "board.busy");
+  ASSERT_TRUE(state.has_value());
+  size_t leader = b.cluster().IndexOfId(state->leader);
+  ASSERT_LT(leader, 3u);
+  size_t victim = (leader + 1) % 3;
+  b.cluster().Kill(victim);
+  const auto start = std::chrono::steady_clock::now();
+  auto slow = std::async(std::launch::async, [&] {
+    return b.Call(leader, "POST", "/boards/busy/messages?cl=ALL&timeout_ms=3000", Message("a", "at all"));
+  });
+  // Give the slow post time to reach the leader and start waiting.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = b.Call(leader, "GET", "/boards/busy/messages");
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto q = b.Call(leader, "POST", "/boards/busy/messages?cl=QUORUM", Message("b", "quick " + std::to_string(i)));
+    EXPECT_EQ(q.status, 201) << q.body;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500))
+        << "a read and a QUORUM post waited behind the post at ALL";
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(2900))
+      << "the other requests were not answered while the post at ALL waited";
+  auto slow_reply = slow.get();
+  EXPECT_EQ(slow_reply.status, 504) << slow_reply.body;
 }
 
 TEST(BulletinTest, LoadPostsMessages) {

@@ -6,6 +6,12 @@
 //   - every acknowledged write is on a quorum of replicas (lost must be 0),
 //   - the replicas converge to one digest within a bounded settle period,
 //   - no attribute holds a value that was never written.
+// Meanwhile 2 more clients each write their own attribute of a second tree at
+// QUORUM and read it back, one at LEADER and one at QUORUM, after every
+// acknowledged write; a read checker asserts that no read returns a version,
+// or a value of that client's attribute, older than one already
+// acknowledged to the client (and, at LEADER, older than one it already
+// read: LEADER reads are linearizable).
 // Duration: CANOPY_CHAOS_SECONDS (default 12 s; 8 s in sanitizer builds,
 // where everything runs slower). Every loop is bounded in time and count.
 #include <atomic>
@@ -32,6 +38,7 @@ using replication::Edit;
 constexpr char kTree[] = "chaos";
 constexpr size_t kNodes = 3;
 constexpr size_t kClients = 3;
+constexpr char kReadTree[] = "chaos-reads";
 
 int ChaosSeconds() {
   if (const char* env = std::getenv("CANOPY_CHAOS_SECONDS")) {
@@ -60,6 +67,15 @@ CommitRequest Put(const std::string& key, const std::string& value, ConsistencyL
   r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, value, 0});
   return r;
 }
+
+// What the read-checking clients saw.
+struct ReadLedger {
+  std::mutex mu;
+  uint64_t checked = 0;      // reads answered OK and checked
+  uint64_t failed = 0;       // reads not answered OK (unavailable, timeout, cut)
+  uint64_t writes_acked = 0;
+  std::vector<std::string> violations;
+};
 
 // A proxy in front of one node, forwarding on its own thread.
 struct Proxy {
@@ -106,6 +122,15 @@ TEST(ChaosClusterTest, AcknowledgedQuorumWritesSurviveKillsAndCuts) {
         if (!client.ok()) return false;
         auto r = (*client)->CreateTree(kTree);
         return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(0);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree(kReadTree);
+        return r.ok() && (r->status.code == StatusCode::kOk || r->status.code == StatusCode::kAlreadyExists);
       },
       std::chrono::seconds(20)))
       << c.Log(0);
@@ -222,6 +247,91 @@ TEST(ChaosClusterTest, AcknowledgedQuorumWritesSurviveKillsAndCuts) {
   };
   std::vector<std::thread> clients;
   for (size_t id = 0; id < kClients; ++id) clients.emplace_back(client_body, id);
+
+  // Read-your-writes checkers: client k writes attribute r<k> = its sequence
+  // number (zero-padded, so text order is numeric order) at QUORUM, then reads
+  // it back at LEADER (k = 0) or QUORUM (k = 1) through a proxy.
+  ReadLedger reads;
+  auto reader_body = [&](size_t k) {
+    const replication::ReadLevel level = k == 0 ? replication::ReadLevel::kLeader : replication::ReadLevel::kQuorum;
+    const char* level_name = replication::ReadLevelName(level);
+    replication::ClientOptions opts = c.ClientOpts();
+    opts.client_id = fmt::format("chaos-reader-{}", k);
+    opts.timeout = std::chrono::seconds(4);
+    std::unique_ptr<replication::Client> client;
+    size_t target = k % kNodes;
+    const std::string key = fmt::format("r{}", k);
+    uint64_t acked_seq = 0, acked_version = 0;  // the newest write acknowledged to this client
+    uint64_t read_seq = 0, read_version = 0;    // the newest LEADER read
+    auto violation = [&](const std::string& what) {
+      std::lock_guard<std::mutex> lock(reads.mu);
+      reads.violations.push_back(fmt::format("{} read by {}: {}", level_name, opts.client_id, what));
+    };
+    for (uint64_t seq = 1; !stop_clients && std::chrono::steady_clock::now() < chaos_end && seq <= 2000; ++seq) {
+      if (!client) {
+        auto cl = replication::Client::Connect(proxies[target].uri, opts);
+        if (!cl.ok()) {
+          target = (target + 1) % kNodes;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
+        }
+        client = std::move(*cl);
+      }
+      CommitRequest w;
+      w.tree = kReadTree;
+      w.level = ConsistencyLevel::kQuorum;
+      w.timeout_ms = 2000;
+      w.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, fmt::format("{:012d}", seq), 0});
+      auto wr = client->Commit(w);
+      if (wr.ok() && wr->status.code == StatusCode::kOk) {
+        acked_seq = seq;
+        acked_version = std::max(acked_version, wr->version);
+        std::lock_guard<std::mutex> lock(reads.mu);
+        ++reads.writes_acked;
+      } else if (!wr.ok()) {
+        client.reset();
+        target = (target + 1) % kNodes;
+        continue;
+      }
+      replication::SliceRequest rq;
+      rq.tree = kReadTree;
+      rq.level = level;
+      rq.timeout_ms = 2000;
+      auto rr = client->Slice(rq);
+      if (!rr.ok() || rr->status.code != StatusCode::kOk) {
+        {
+          std::lock_guard<std::mutex> lock(reads.mu);
+          ++reads.failed;
+        }
+        if (!rr.ok()) {
+          client.reset();
+          target = (target + 1) % kNodes;
+        }
+        continue;
+      }
+      auto it = rr->attributes.find(key);
+      uint64_t got_seq = it == rr->attributes.end() ? 0 : std::strtoull(it->second.c_str(), nullptr, 10);
+      if (rr->version < acked_version) {
+        violation(fmt::format("version {} (node {}) is older than the acknowledged write's version {}", rr->version,
+                              rr->answered_by, acked_version));
+      }
+      if (got_seq < acked_seq) {
+        violation(fmt::format("{} = {} (node {}, version {}) is older than the acknowledged {}", key, got_seq,
+                              rr->answered_by, rr->version, acked_seq));
+      }
+      if (level == replication::ReadLevel::kLeader) {
+        if (rr->version < read_version || got_seq < read_seq) {
+          violation(fmt::format("version {} / {} = {} (node {}) went back from the earlier read's version {} / {}",
+                                rr->version, key, got_seq, rr->answered_by, read_version, read_seq));
+        }
+        read_version = std::max(read_version, rr->version);
+        read_seq = std::max(read_seq, got_seq);
+      }
+      std::lock_guard<std::mutex> lock(reads.mu);
+      ++reads.checked;
+    }
+  };
+  for (size_t k = 0; k < 2; ++k) clients.emplace_back(reader_body, k);
 
   // The chaos schedule (this thread): at most one node down at a time.
   uint64_t kills = 0, proxy_cuts = 0, partitions = 0;
@@ -367,6 +477,12 @@ TEST(ChaosClusterTest, AcknowledgedQuorumWritesSurviveKillsAndCuts) {
       node_uris[kNodes - 1].c_str());
   std::fflush(stdout);
 
+  std::printf("chaos reads: %llu checked (LEADER and QUORUM), %llu not answered OK, %llu writes acknowledged to the "
+              "readers, %zu violations\n",
+              static_cast<unsigned long long>(reads.checked), static_cast<unsigned long long>(reads.failed),
+              static_cast<unsigned long long>(reads.writes_acked), reads.violations.size());
+  for (size_t i = 0; i < reads.violations.size() && i < 20; ++i) ADD_FAILURE() << reads.violations[i];
+  EXPECT_GT(reads.checked, 0u) << "no read was checked";
   EXPECT_EQ(lost, 0u) << "chaos schedule:\n" << events << c.Log(0) << c.Log(1) << c.Log(2);
   EXPECT_EQ(phantom, 0u);
   EXPECT_TRUE(converged) << "replicas did not converge: " << digests.size() << " digests, " << versions.size()

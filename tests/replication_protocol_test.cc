@@ -145,6 +145,35 @@ TEST(ProtocolTest, ConsistencyLevels) {
   EXPECT_EQ(RequiredAcks(ConsistencyLevel::kQuorum, 1), 1u);
 }
 
+TEST(ProtocolTest, SliceMessagesRoundTrip) {
+  SliceRequest q;
+  q.tree = "board.x";
+  q.version = 0;
+  q.path = {0, 4};
+  q.child_from = 10;
+  q.child_limit = 20;
+  q.from_end = true;
+  q.level = ReadLevel::kLeader;
+  q.timeout_ms = 1500;
+  RoundTrip(q, &DecodeSliceRequest);
+  SliceReply r;
+  r.status = {StatusCode::kUnavailable, "not the leader"};
+  r.version = 42;
+  r.data_epoch = 3;
+  r.attributes = {{"a", "1"}};
+  r.child_count = 42;
+  r.child_start = 12;
+  r.children = {SliceChild{{{"author", "ann"}, {"text", std::string(200, 't')}}, 0}, SliceChild{{}, 7}};
+  r.leader = "tcp://127.0.0.1:9";
+  r.answered_by = "2";
+  RoundTrip(r, &DecodeSliceReply);
+  EXPECT_EQ(*ParseReadLevel("leader"), ReadLevel::kLeader);
+  EXPECT_EQ(*ParseReadLevel("QUORUM"), ReadLevel::kQuorum);
+  EXPECT_EQ(std::string(ReadLevelName(ReadLevel::kOne)), "ONE");
+  EXPECT_FALSE(ParseReadLevel("ALL").ok());
+  EXPECT_EQ(MessageTypeName(0x0128), "SLICE");
+}
+
 std::vector<std::string> NodeIds(int n, int first = 1) {
   std::vector<std::string> ids;
   for (int i = 0; i < n; ++i) ids.push_back(std::to_string(first + i));

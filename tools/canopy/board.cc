@@ -17,12 +17,11 @@ using replication::CommitReply;
 using replication::CommitRequest;
 using replication::ConsistencyLevel;
 using replication::Edit;
-using replication::ReadReply;
-using replication::ReadRequest;
+using replication::ReadLevel;
+using replication::SliceReply;
+using replication::SliceRequest;
 
 namespace {
-
-constexpr int kMaxListRereads = 8;
 
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -119,6 +118,64 @@ std::optional<http::Response> RequireString(const json& body, const char* field,
   return std::nullopt;
 }
 
+// Appends `s` as a JSON string literal. Bytes that are not valid UTF-8 are
+// replaced by U+FFFD (as Dump does), so the output is always valid JSON.
+void AppendJsonString(std::string* out, std::string_view s) {
+  out->push_back('"');
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+      size_t j = i + 1;
+      while (j < s.size()) {
+        auto d = static_cast<unsigned char>(s[j]);
+        if (d < 0x20 || d >= 0x80 || d == '"' || d == '\\') break;
+        ++j;
+      }
+      out->append(s.data() + i, j - i);
+      i = j;
+      continue;
+    }
+    if (c == '"') {
+      *out += "\\\"";
+    } else if (c == '\\') {
+      *out += "\\\\";
+    } else if (c < 0x20) {
+      switch (c) {
+        case '\n': *out += "\\n"; break;
+        case '\r': *out += "\\r"; break;
+        case '\t': *out += "\\t"; break;
+        case '\b': *out += "\\b"; break;
+        case '\f': *out += "\\f"; break;
+        default: *out += fmt::format("\\u{:04x}", c);
+      }
+    } else {
+      // A UTF-8 sequence: copied when well formed, else U+FFFD for its first byte.
+      size_t len = c >= 0xf0 ? (c < 0xf5 ? 4 : 0) : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+      bool ok = len > 0 && i + len <= s.size();
+      for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xc0) == 0x80;
+      if (ok && len == 3) {
+        auto d = static_cast<unsigned char>(s[i + 1]);
+        ok = !(c == 0xe0 && d < 0xa0) && !(c == 0xed && d >= 0xa0);  // overlong, surrogates
+      }
+      if (ok && len == 4) {
+        auto d = static_cast<unsigned char>(s[i + 1]);
+        ok = !(c == 0xf0 && d < 0x90) && !(c == 0xf4 && d >= 0x90);
+      }
+      if (ok) {
+        out->append(s.data() + i, len);
+        i += len;
+      } else {
+        *out += "\xef\xbf\xbd";
+        ++i;
+      }
+      continue;
+    }
+    ++i;
+  }
+  out->push_back('"');
+}
+
 // Parses the body as a JSON object; on failure returns the error response.
 std::optional<http::Response> ParseObject(const http::Request& request, json* out) {
   *out = json::parse(request.body, nullptr, /*allow_exceptions=*/false);
@@ -138,7 +195,7 @@ bool ValidBoardName(std::string_view name, size_t max_bytes) {
   });
 }
 
-// What STATUS of the local node said about the cluster.
+// What STATUS of the local node said about the cluster. Immutable once published.
 struct BoardService::View {
   Clock::time_point fetched{};
   bool valid = false;
@@ -146,35 +203,105 @@ struct BoardService::View {
   std::map<std::string, std::string> uris;  // node id -> URI
   std::map<std::string, bool> alive;
   replication::Ring ring;
+  bool IsOwner(const std::string& tree) const {
+    auto owners = ring.Owners(tree);
+    return owners.empty() || std::find(owners.begin(), owners.end(), local_id) != owners.end();
+  }
 };
 
-BoardService::BoardService(BoardOptions options) : options_(std::move(options)), view_(std::make_unique<View>()) {}
-BoardService::~BoardService() = default;
+BoardService::BoardService(BoardOptions options)
+    : options_(std::move(options)), view_(std::make_shared<const View>()) {
+  for (size_t i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
 
-replication::Client* BoardService::ClientFor(const std::string& uri, Status* error) {
-  auto it = clients_.find(uri);
-  if (it != clients_.end()) return it->second.get();
+BoardService::~BoardService() {
+  std::deque<Job> left;
+  {
+    std::lock_guard<std::mutex> lock(jobs_mu_);
+    stopping_ = true;
+    left.swap(jobs_);
+  }
+  jobs_cv_.notify_all();
+  for (auto& job : left) job.responder.Respond(JsonError(503, "the node is shutting down"));
+  for (auto& t : workers_) t.join();
+}
+
+void BoardService::WorkerLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(jobs_mu_);
+      jobs_cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job.responder.Respond(Handle(job.request));
+  }
+}
+
+std::optional<http::Response> BoardService::HandleAsync(const http::Request& request, http::Responder& responder) {
+  if (workers_.empty()) return Handle(request);
+  if (auto now = Route(request, /*may_block=*/false)) return now;
+  std::lock_guard<std::mutex> lock(jobs_mu_);
+  if (stopping_) return JsonError(503, "the node is shutting down");
+  if (jobs_.size() >= options_.max_queued) {
+    http::Response busy = JsonError(503, fmt::format("{} requests are already waiting; retry", jobs_.size()));
+    busy.headers.Add("Retry-After", "1");
+    return busy;
+  }
+  jobs_.push_back(Job{request, std::move(responder)});
+  jobs_cv_.notify_one();
+  return std::nullopt;
+}
+
+http::Response BoardService::Handle(const http::Request& request) { return *Route(request, /*may_block=*/true); }
+
+std::unique_ptr<replication::Client> BoardService::TakeClient(const std::string& uri, Status* error) {
+  {
+    std::lock_guard<std::mutex> lock(clients_mu_);
+    auto it = idle_clients_.find(uri);
+    if (it != idle_clients_.end() && !it->second.empty()) {
+      auto c = std::move(it->second.back());
+      it->second.pop_back();
+      return c;
+    }
+  }
   auto c = replication::Client::Connect(uri, options_.client);
   if (!c.ok()) {
     *error = c.status();
     return nullptr;
   }
-  return clients_.emplace(uri, std::move(*c)).first->second.get();
+  return std::move(*c);
 }
 
-void BoardService::DropClient(const std::string& uri) { clients_.erase(uri); }
+void BoardService::GiveClient(std::unique_ptr<replication::Client> client) {
+  std::lock_guard<std::mutex> lock(clients_mu_);
+  // After a redirect a client is connected to the leader: pool it under that URI.
+  auto& idle = idle_clients_[client->connected_uri()];
+  if (idle.size() < options_.workers + 1) idle.push_back(std::move(client));
+}
 
-void BoardService::RefreshView() {
-  if (view_->valid && Clock::now() - view_->fetched < options_.view_refresh) return;
-  Status error;
-  replication::Client* c = ClientFor(options_.node_uri, &error);
-  if (c == nullptr) return;
-  auto s = c->GetStatus();
-  if (!s.ok()) {
-    DropClient(options_.node_uri);
-    return;
+std::shared_ptr<const BoardService::View> BoardService::CurrentView(bool may_block) {
+  std::shared_ptr<const View> current;
+  {
+    std::lock_guard<std::mutex> lock(view_mu_);
+    current = view_;
   }
-  auto v = std::make_unique<View>();
+  bool stale = !current->valid || Clock::now() - current->fetched >= options_.view_refresh;
+  if (!stale || !may_block || refreshing_.exchange(true)) return current;
+  // This thread refreshes; the others go on with the old view meanwhile.
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag = false; }
+  } done{refreshing_};
+  Status error;
+  auto c = TakeClient(options_.node_uri, &error);
+  if (!c) return current;
+  auto s = c->GetStatus();
+  if (!s.ok()) return current;
+  GiveClient(std::move(c));
+  auto v = std::make_shared<View>();
   v->fetched = Clock::now();
   v->valid = true;
   v->local_id = s->node_id;
@@ -184,103 +311,107 @@ void BoardService::RefreshView() {
     v->alive[n.node_id] = n.alive || n.node_id == s->node_id;
     (void)v->ring.AddNode(n.node_id);
   }
-  view_ = std::move(v);
+  std::lock_guard<std::mutex> lock(view_mu_);
+  view_ = v;
+  return v;
 }
 
-std::string BoardService::ReadUri(const std::string& tree) {
-  RefreshView();
-  if (!view_->valid) return options_.node_uri;
-  auto owners = view_->ring.Owners(tree);
-  if (owners.empty() || std::find(owners.begin(), owners.end(), view_->local_id) != owners.end()) {
-    return options_.node_uri;
-  }
-  for (const auto& o : owners) {
-    if (view_->alive[o] && !view_->uris[o].empty()) return view_->uris[o];
+std::string BoardService::ReadUri(const View& view, const std::string& tree) const {
+  if (!view.valid || view.IsOwner(tree)) return options_.node_uri;
+  for (const auto& o : view.ring.Owners(tree)) {
+    auto alive = view.alive.find(o);
+    auto uri = view.uris.find(o);
+    if (alive != view.alive.end() && alive->second && uri != view.uris.end() && !uri->second.empty()) {
+      return uri->second;
+    }
   }
   return options_.node_uri;
 }
 
-std::string BoardService::WriteUri(const std::string& tree) {
-  RefreshView();
-  if (!view_->valid) return options_.node_uri;
-  auto owners = view_->ring.Owners(tree);
-  if (owners.empty() || owners[0] == view_->local_id || !view_->alive[owners[0]] || view_->uris[owners[0]].empty()) {
+std::string BoardService::WriteUri(const View& view, const std::string& tree) const {
+  if (!view.valid) return options_.node_uri;
+  auto owners = view.ring.Owners(tree);
+  if (owners.empty() || owners[0] == view.local_id) return options_.node_uri;
+  auto alive = view.alive.find(owners[0]);
+  auto uri = view.uris.find(owners[0]);
+  if (alive == view.alive.end() || !alive->second || uri == view.uris.end() || uri->second.empty()) {
     return options_.node_uri;
   }
-  return view_->uris[owners[0]];
+  return uri->second;
 }
 
-Result<ReadReply> BoardService::Read(const std::string& tree, const std::vector<uint32_t>& path,
-                                     std::string* used_uri, uint64_t version) {
-  std::string uri = ReadUri(tree);
-  if (used_uri != nullptr) *used_uri = uri;
-  auto r = ReadFrom(uri, tree, path, version);
-  // A replica holds a tree only from its first commit on: an empty (or just
-  // created) tree is asked of its leader before it counts as unknown.
-  if (r.ok() && r->status.code == StatusCode::kNotFound && path.empty() && WriteUri(tree) != ReadUri(tree)) {
-    auto at_leader = ReadFrom(WriteUri(tree), tree, path, version);
-    if (at_leader.ok()) {
-      if (used_uri != nullptr) *used_uri = WriteUri(tree);
-      return at_leader;
-    }
-  }
-  return r;
-}
-
-Result<ReadReply> BoardService::ReadFrom(const std::string& uri, const std::string& tree,
-                                         const std::vector<uint32_t>& path, uint64_t version) {
+Result<SliceReply> BoardService::SliceFrom(const std::string& uri, const SliceRequest& request) {
+  if (uri == options_.node_uri && options_.local_slice) return options_.local_slice(request);
   // One reconnect: a pooled connection may have been closed by a restarted peer.
   for (int attempt = 0; attempt < 2; ++attempt) {
     Status error;
-    replication::Client* c = ClientFor(uri, &error);
-    if (c == nullptr) return error;
-    ReadRequest req;
-    req.tree = tree;
-    req.path = path;
-    req.version = version;
-    auto r = c->Read(req);
-    if (r.ok()) return r;
-    DropClient(uri);
+    auto c = TakeClient(uri, &error);
+    if (!c) return error;
+    auto r = c->Slice(request);
+    if (r.ok()) {
+      GiveClient(std::move(c));
+      return r;
+    }
     if (attempt == 1) return r.status();
   }
   return Status::Internal("unreachable");
 }
 
-Result<CommitReply> BoardService::Commit(const CommitRequest& request) {
-  std::string uri = WriteUri(request.tree);
-  Status error;
-  replication::Client* c = ClientFor(uri, &error);
-  if (c == nullptr) return error;
-  auto r = c->Commit(request);
-  if (!r.ok()) {
-    // Not retried: the request may have been committed before the connection broke.
-    DropClient(uri);
-    return r.status();
+std::optional<Result<SliceReply>> BoardService::SliceRead(const SliceRequest& request, bool may_block) {
+  if (request.level != ReadLevel::kOne) {
+    if (!may_block) return std::nullopt;
+    auto r = SliceFrom(options_.node_uri, request);
+    // In-process, the local node answers a LEADER read it does not lead with
+    // the leader's URI (over the wire the client follows it by itself).
+    if (r.ok() && request.level == ReadLevel::kLeader && r->status.code == StatusCode::kUnavailable &&
+        !r->leader.empty() && r->leader != options_.node_uri) {
+      return SliceFrom(r->leader, request);
+    }
+    return r;
   }
-  // After a redirect the client is connected to the leader: keep it under that URI.
-  if (c->connected_uri() != uri) {
-    auto moved = std::move(clients_[uri]);
-    clients_.erase(uri);
-    if (!clients_.count(moved->connected_uri())) clients_[moved->connected_uri()] = std::move(moved);
+  auto view = CurrentView(may_block);
+  if (!may_block) {
+    // The fast path: this node's own store, when it owns the tree.
+    // A stale view sends the request to a worker, which refreshes it.
+    if (!options_.local_slice || !view->valid || Clock::now() - view->fetched >= options_.view_refresh ||
+        !view->IsOwner(request.tree)) {
+      return std::nullopt;
+    }
+    SliceReply r = options_.local_slice(request);
+    if (r.status.code != StatusCode::kOk) return std::nullopt;  // the worker sorts it out
+    return Result<SliceReply>(std::move(r));
+  }
+  std::string uri = ReadUri(*view, request.tree);
+  auto r = SliceFrom(uri, request);
+  // A replica holds a tree only from its first commit on: an empty (or just
+  // created) tree is asked of its leader before it counts as unknown.
+  std::string leader_uri = WriteUri(*view, request.tree);
+  if (r.ok() && r->status.code == StatusCode::kNotFound && request.path.empty() && leader_uri != uri) {
+    auto at_leader = SliceFrom(leader_uri, request);
+    if (at_leader.ok()) return at_leader;
   }
   return r;
 }
 
-Result<replication::CreateTreeReply> BoardService::CreateTree(const std::string& tree) {
-  std::string uri = WriteUri(tree);
+Result<CommitReply> BoardService::Commit(const CommitRequest& request) {
+  std::string uri = WriteUri(*CurrentView(true), request.tree);
   Status error;
-  replication::Client* c = ClientFor(uri, &error);
-  if (c == nullptr) return error;
+  auto c = TakeClient(uri, &error);
+  if (!c) return error;
+  auto r = c->Commit(request);
+  // Not retried on a transport error: the request may have been committed
+  // before the connection broke. The broken client is dropped.
+  if (r.ok()) GiveClient(std::move(c));
+  return r;
+}
+
+Result<replication::CreateTreeReply> BoardService::CreateTree(const std::string& tree) {
+  std::string uri = WriteUri(*CurrentView(true), tree);
+  Status error;
+  auto c = TakeClient(uri, &error);
+  if (!c) return error;
   auto r = c->CreateTree(tree);
-  if (!r.ok()) {
-    DropClient(uri);
-    return r.status();
-  }
-  if (c->connected_uri() != uri) {
-    auto moved = std::move(clients_[uri]);
-    clients_.erase(uri);
-    if (!clients_.count(moved->connected_uri())) clients_[moved->connected_uri()] = std::move(moved);
-  }
+  if (r.ok()) GiveClient(std::move(c));
   return r;
 }
 
@@ -293,35 +424,62 @@ Status BoardService::EnsureRegistry() {
   return Status::Ok();
 }
 
-http::Response BoardService::Handle(const http::Request& request) {
+std::optional<http::Response> BoardService::Route(const http::Request& request, bool may_block) {
   auto parts = SplitPath(request.path());
   if (!parts) return JsonError(400, "malformed percent-escape in the path");
   const auto& p = *parts;
   if (p.empty() || p[0] != "boards") return JsonError(404, "no such resource; see /boards");
   if (p.size() == 1) {
-    if (request.method == "GET") return ListBoards();
-    if (request.method == "POST") return CreateBoard(request);
+    if (request.method == "GET") return ListBoards(request, may_block);
+    if (request.method == "POST") {
+      if (!may_block) return std::nullopt;
+      return CreateBoard(request);
+    }
     return MethodNotAllowed("GET, POST");
   }
   if (p.size() == 3 && p[2] == "messages") {
     if (!ValidBoardName(p[1], options_.max_name_bytes)) {
       return JsonError(400, fmt::format("bad board name (1..{} characters of A-Z a-z 0-9 _ -)", options_.max_name_bytes));
     }
-    if (request.method == "GET") return ListMessages(p[1], request);
-    if (request.method == "POST") return PostMessage(p[1], request);
+    if (request.method == "GET") return ListMessages(p[1], request, may_block);
+    if (request.method == "POST") {
+      if (!may_block) return std::nullopt;
+      return PostMessage(p[1], request);
+    }
     return MethodNotAllowed("GET, POST");
   }
   return JsonError(404, "no such resource; see /boards and /boards/NAME/messages");
 }
 
-http::Response BoardService::ListBoards() {
-  auto r = Read(kRegistryTree, {});
-  if (!r.ok()) return JsonError(HttpStatusFor(r.status()), r.status().ToString());
+namespace {
+
+// The read level of a GET from its cl parameter (default ONE); the error response otherwise.
+std::optional<http::Response> ReadLevelParam(std::map<std::string, std::string>& query, ReadLevel* level) {
+  *level = ReadLevel::kOne;
+  if (!query.count("cl")) return std::nullopt;
+  auto l = replication::ParseReadLevel(query["cl"]);
+  if (!l.ok()) return JsonError(400, "cl of a read must be ONE, LEADER or QUORUM");
+  *level = *l;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<http::Response> BoardService::ListBoards(const http::Request& request, bool may_block) {
+  auto query = ParseQuery(request.query());
+  if (!query) return JsonError(400, "malformed query string");
+  SliceRequest req;
+  req.tree = kRegistryTree;
+  req.timeout_ms = options_.read_timeout_ms;
+  if (auto e = ReadLevelParam(*query, &req.level)) return e;
+  auto r = SliceRead(req, may_block);
+  if (!r) return std::nullopt;
+  if (!r->ok()) return JsonError(HttpStatusFor(r->status()), r->status().ToString());
   json names = json::array();
-  Status s = r->status.ToStatus();
+  Status s = (*r)->status.ToStatus();
   if (s.code() != StatusCode::kNotFound) {  // NotFound: no board created yet
     if (!s.ok()) return JsonError(HttpStatusFor(s), s.ToString());
-    for (const auto& [name, value] : r->attributes) names.push_back(name);
+    for (const auto& [name, value] : (*r)->attributes) names.push_back(name);
   }
   return http::Response::Json(200, Dump(json{{"boards", names}}));
 }
@@ -351,7 +509,9 @@ http::Response BoardService::CreateBoard(const http::Request& request) {
   if (!cs.ok() && !exists) return JsonError(HttpStatusFor(cs), cs.ToString());
   if (exists) {
     // Repair a board whose registration failed earlier; it still answers 409.
-    auto r = Read(kRegistryTree, {});
+    SliceRequest req;
+    req.tree = kRegistryTree;
+    auto r = *SliceRead(req, /*may_block=*/true);
     if (r.ok() && r->status.code == StatusCode::kOk && r->attributes.count(name)) {
       return JsonError(409, "board " + name + " already exists");
     }
@@ -416,14 +576,15 @@ http::Response BoardService::PostMessage(const std::string& board, const http::R
       201, Dump(json{{"id", r->version}, {"version", r->version}, {"acks", r->acks}, {"cl", cl}}));
 }
 
-http::Response BoardService::ListMessages(const std::string& board, const http::Request& request) {
+std::optional<http::Response> BoardService::ListMessages(const std::string& board, const http::Request& request,
+                                                         bool may_block) {
   auto query = ParseQuery(request.query());
   if (!query) return JsonError(400, "malformed query string");
   uint64_t after = 0;
   uint64_t limit = options_.default_list_limit;
   if (query->count("after")) {
     auto a = ParseUint((*query)["after"]);
-    if (!a) return JsonError(400, "after must be a message id (a non-negative integer)");
+    if (!a || *a > UINT32_MAX) return JsonError(400, "after must be a message id (a non-negative integer)");
     after = *a;
   }
   if (query->count("limit")) {
@@ -433,77 +594,81 @@ http::Response BoardService::ListMessages(const std::string& board, const http::
     }
     limit = *l;
   }
-  uint64_t requested = 0;  // 0: the newest version
+  SliceRequest req;
+  req.tree = BoardTreeName(board);
+  req.timeout_ms = options_.read_timeout_ms;
+  if (auto e = ReadLevelParam(*query, &req.level)) return e;
   if (query->count("version")) {
     auto v = ParseUint((*query)["version"]);
     if (!v || *v == 0) return JsonError(400, "version must be a board version (a positive integer)");
-    requested = *v;
+    if (req.level != ReadLevel::kOne) return JsonError(400, "version=V is read at cl=ONE only");
+    req.version = *v;
   }
-  const std::string tree = BoardTreeName(board);
-  // Every read of one listing goes to the same node, so versions only move forward.
-  std::string uri;
-  auto root = Read(tree, {}, &uri, requested);
-  if (!root.ok()) return JsonError(HttpStatusFor(root.status()), root.status().ToString());
-  Status s = root->status.ToStatus();
-  if (s.code() == StatusCode::kNotFound && requested != 0) {
+  // At version V message `id` is child V - id: messages after+1 .. after+limit
+  // are the children [V - after - limit, V - after), counted from the end.
+  req.child_from = static_cast<uint32_t>(after);
+  req.child_limit = static_cast<uint32_t>(limit);
+  req.from_end = true;
+  auto read = SliceRead(req, may_block);
+  if (!read) return std::nullopt;
+  if (!read->ok()) return JsonError(HttpStatusFor(read->status()), read->status().ToString());
+  const SliceReply& r = **read;
+  Status s = r.status.ToStatus();
+  if (s.code() == StatusCode::kNotFound && req.version != 0) {
     // The board exists but that version is not held (too old, or not yet here)?
-    auto newest = ReadFrom(uri, tree, {});
-    if (newest.ok() && newest->status.ToStatus().ok()) return JsonError(404, "board " + board + ": " + s.ToString());
+    SliceRequest newest = req;
+    newest.version = 0;
+    newest.child_limit = 0;
+    auto n = SliceRead(newest, may_block);
+    if (!n) return std::nullopt;
+    if (n->ok() && (*n)->status.ToStatus().ok()) return JsonError(404, "board " + board + ": " + s.ToString());
   }
   if (s.code() == StatusCode::kNotFound) return JsonError(404, "no board " + board);
   if (!s.ok()) return JsonError(HttpStatusFor(s), s.ToString());
-  uint64_t version = root->version;
-  uint64_t count = root->child_count;
+  const uint64_t version = r.version;
+  const uint64_t count = r.child_count;
   if (count != version) {
     return JsonError(500, fmt::format("board tree {} holds {} children at version {}: it was written outside the "
-                                      "board API", tree, count, version));
+                                      "board API", req.tree, count, version));
   }
-  json messages = json::array();
-  uint64_t last = std::min<uint64_t>(count, after + limit);
+  // Children come newest first (index 0 = message `version`): list oldest
+  // first. Rendered by hand: this is the board's hot path (no JSON tree).
+  std::string out;
+  out.reserve(128 + r.children.size() * 192);
+  out += "{\"board\":";
+  AppendJsonString(&out, board);
+  out += ",\"cl\":\"";
+  out += replication::ReadLevelName(req.level);
+  out += "\",\"count\":";
+  out += std::to_string(count);
+  out += ",\"messages\":[";
   uint64_t next_after = after;
-  for (uint64_t id = after + 1; id <= last; ++id) {
-    // Each version prepended one message, so at version V message `id` is
-    // child V - id. Every message is read at the version of the root read
-    // (the node retains it; see canopy node --keep-versions), so the listing
-    // is one consistent snapshot.
-    std::optional<ReadReply> got;
-    auto pinned = ReadFrom(uri, tree, {static_cast<uint32_t>(version - id)}, version);
-    if (!pinned.ok()) return JsonError(HttpStatusFor(pinned.status()), pinned.status().ToString());
-    Status ps = pinned->status.ToStatus();
-    if (ps.ok()) {
-      got = std::move(*pinned);
-    } else if (ps.code() != StatusCode::kNotFound || requested != 0) {
-      return JsonError(HttpStatusFor(ps) == 404 && requested == 0 ? 500 : HttpStatusFor(ps), ps.ToString());
-    }
-    // The node no longer holds that version (a retention of very few
-    // versions): read the newest instead, following the tree as it moves.
-    uint64_t at = version;
-    for (int attempt = 0; attempt < kMaxListRereads && !got; ++attempt) {
-      if (at < id) return JsonError(503, "the answering replica went back in version; retry");
-      auto m = ReadFrom(uri, tree, {static_cast<uint32_t>(at - id)});
-      if (!m.ok()) return JsonError(HttpStatusFor(m.status()), m.status().ToString());
-      Status ms = m->status.ToStatus();
-      if (!ms.ok()) return JsonError(HttpStatusFor(ms) == 404 ? 500 : HttpStatusFor(ms), ms.ToString());
-      if (m->version == at) {
-        got = std::move(*m);
-      } else {
-        at = m->version;
-      }
-    }
-    if (!got) return JsonError(503, "board is changing too fast to list; retry");
-    json msg{{"id", id}};
-    msg["author"] = got->attributes["author"];
-    msg["text"] = got->attributes["text"];
-    auto t = ParseUint(got->attributes["time_ms"]);
-    msg["time_ms"] = t.value_or(0);
-    messages.push_back(std::move(msg));
+  static const std::string kEmpty;
+  for (size_t k = r.children.size(); k-- > 0;) {
+    const auto& attributes = r.children[k].attributes;
+    auto get = [&](const char* key) -> const std::string& {
+      auto it = attributes.find(key);
+      return it == attributes.end() ? kEmpty : it->second;
+    };
+    uint64_t id = version - (r.child_start + k);
+    if (k + 1 != r.children.size()) out += ',';
+    out += "{\"author\":";
+    AppendJsonString(&out, get("author"));
+    out += ",\"id\":";
+    out += std::to_string(id);
+    out += ",\"text\":";
+    AppendJsonString(&out, get("text"));
+    out += ",\"time_ms\":";
+    out += std::to_string(ParseUint(get("time_ms")).value_or(0));
+    out += '}';
     next_after = id;
   }
-  return http::Response::Json(200, Dump(json{{"board", board},
-                                             {"version", version},
-                                             {"count", count},
-                                             {"messages", messages},
-                                             {"next_after", next_after}}));
+  out += "],\"next_after\":";
+  out += std::to_string(next_after);
+  out += ",\"version\":";
+  out += std::to_string(version);
+  out += '}';
+  return http::Response::Json(200, std::move(out));
 }
 
 }  // namespace canopy::board

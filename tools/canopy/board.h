@@ -14,41 +14,60 @@
 //     board (key NAME, value {"created_ms": ...}).
 //
 // API (bodies are JSON; errors are {"error": "..."} with the status below):
-//   GET  /boards                                   200 {"boards": ["a", ...]}
 //   POST /boards {"name": N}[?cl=CL]               201 {"name", "leader", "owners"}; 409 when it exists
 //   POST /boards/N/messages[?cl=CL&timeout_ms=T] {"author": A, "text": X}
 //                                                  201 {"id", "version", "acks", "cl"}
-//   GET  /boards/N/messages[?after=K&limit=M&version=V]
+//   GET  /boards/N/messages[?after=K&limit=M&version=V&cl=RL]
 //                                                  200 {"board", "version", "count", "messages": [
-//                                                  {"id", "author", "text", "time_ms"}, ...], "next_after"}
-//     A listing is one consistent snapshot: every message is read at the
-//     version the listing started at. version=V lists the board as it was at
-//     version V (its first V messages), while the answering node retains that
-//     version (canopy node --keep-versions / --keep-seconds); 404 naming the
-//     oldest version held otherwise.
+//                                                  {"id", "author", "text", "time_ms"}, ...], "next_after",
+//                                                  "cl"}
+//     A listing is one SLICE read (replication/protocol.h): the board root
+//     and the children holding messages after+1 .. after+limit, all of one
+//     version, in one round trip (or none: see local_slice below).
+//     version=V lists the board as it was at version V (its first V
+//     messages), while the answering node retains that version (canopy node
+//     --keep-versions / --keep-seconds); 404 naming the oldest version held
+//     otherwise; V is read at ONE only.
+//   GET  /boards[?cl=RL]                           200 {"boards": ["a", ...]}
 //   400 malformed JSON / missing or invalid fields or parameters, 404 unknown
 //   board or path, 405 wrong method (with Allow), 413 field or body too large,
-//   409 board exists, 503 cluster unreachable / no leader, 504 consistency
-//   level not reached in time (the reason, version and acks in the body; the
-//   message stays committed on the leader and reaches the replicas later).
-//   CL is ONE, QUORUM (default) or ALL. Reads are at ONE: from this node when
-//   it owns the tree, else from the first live owner (ring from STATUS); a
-//   board not found there is looked up at its leader before answering 404
-//   (replicas hold a tree only from its first commit on).
+//   409 board exists, 503 cluster unreachable / no leader / too many requests
+//   queued (Retry-After: 1), 504 consistency level not reached in time (the
+//   reason, version and acks in the body; the message stays committed on the
+//   leader and reaches the replicas later).
+//   CL (writes) is ONE, QUORUM (default) or ALL. RL (reads) is ONE (default),
+//   LEADER or QUORUM (see ReadLevel in replication/protocol.h): at ONE a
+//   read goes to this node when it owns the tree, else to the first live
+//   owner (ring from STATUS); a board not found there is looked up at its
+//   leader before answering 404 (replicas hold a tree only from its first
+//   commit on). LEADER is answered by the board's leader (through this node,
+//   which redirects), QUORUM by this node gathering a quorum of owners.
 //
-// Limitation: http::Server calls the handler on its single thread, so a
-// write that waits for its consistency level stalls every other HTTP client
-// of this node for up to timeout_ms (default 2000 ms, at most 10000). Reads
-// and writes that reach their level are fast (loopback RPCs).
+// Serving many clients: http::Server runs one event thread; HandleAsync
+// answers there only what cannot block — a GET at ONE that this node's own
+// store answers through BoardOptions::local_slice (no network) — and hands
+// everything else (posts, board creation, LEADER / QUORUM reads, reads
+// routed to other nodes) to `workers` threads through a queue of at most
+// max_queued requests (beyond it: 503 at once). So a write waiting for its
+// consistency level holds one worker, never the other clients. workers = 0
+// serves everything on the event thread (the old behaviour).
 //
-// Thread safety: Handle is called by one thread at a time (the server's).
+// Thread safety: Handle and HandleAsync may be called from several threads
+// at once (the server's event thread and the workers).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "replication/client.h"
@@ -60,14 +79,20 @@ namespace canopy::board {
 struct BoardOptions {
   std::string node_uri;                // the local node (reads at ONE, cluster view)
   replication::ClientOptions client;   // cluster name, secret, per-request timeout
+  // In-process SLICE of the local node (replication::Node::Slice), used in
+  // place of an RPC to node_uri; empty: every read is an RPC.
+  std::function<replication::SliceReply(const replication::SliceRequest&)> local_slice;
   uint32_t default_write_timeout_ms = 2000;
   uint32_t max_write_timeout_ms = 10000;
+  uint32_t read_timeout_ms = 2000;     // LEADER / QUORUM reads: how long peers may take
   size_t max_name_bytes = 64;          // board names: [A-Za-z0-9_-]
   size_t max_author_bytes = 128;
   size_t max_text_bytes = 4096;
   uint32_t default_list_limit = 50;
   uint32_t max_list_limit = 200;
   std::chrono::milliseconds view_refresh{1000};  // how long a cluster view (STATUS) is reused
+  size_t workers = 32;        // threads for requests that may block (0: all on the caller's thread)
+  size_t max_queued = 4096;   // requests waiting for a worker; more are answered 503
 };
 
 // Tree names used for a board and for the registry.
@@ -79,9 +104,13 @@ bool ValidBoardName(std::string_view name, size_t max_bytes);
 class BoardService : public http::Handler {
  public:
   explicit BoardService(BoardOptions options);
+  // Stops the workers; queued requests are answered 503.
   ~BoardService() override;
 
+  // Answers on the calling thread, blocking as long as the request needs.
   http::Response Handle(const http::Request& request) override;
+  // Answers now when that cannot block, else queues for a worker.
+  std::optional<http::Response> HandleAsync(const http::Request& request, http::Responder& responder) override;
 
   // Request bodies larger than this are refused with 413 by the server
   // (set ServerOptions::limits.max_body_bytes to it).
@@ -89,37 +118,48 @@ class BoardService : public http::Handler {
 
  private:
   struct View;
-  http::Response ListBoards();
+  struct Job {
+    http::Request request;
+    http::Responder responder;
+  };
+  // may_block false: std::nullopt when answering would block (the caller
+  // then queues the request for a worker).
+  std::optional<http::Response> Route(const http::Request& request, bool may_block);
+  std::optional<http::Response> ListBoards(const http::Request& request, bool may_block);
   http::Response CreateBoard(const http::Request& request);
   http::Response PostMessage(const std::string& board, const http::Request& request);
-  http::Response ListMessages(const std::string& board, const http::Request& request);
+  std::optional<http::Response> ListMessages(const std::string& board, const http::Request& request,
+                                             bool may_block);
+  void WorkerLoop();
 
-  // A connected client for `uri` (connects on first use); null and *error set on failure.
-  replication::Client* ClientFor(const std::string& uri, Status* error);
-  // Drops the client of `uri` after a transport error (the next call reconnects).
-  void DropClient(const std::string& uri);
-  // Read at ONE of `tree` at `path`, from this node or the first live owner.
-  // A root read that finds no tree there is retried at the tree's leader
-  // (replicas create a tree on its first commit only).
-  // *used_uri (when given) is set to the node that answered.
-  // `version` 0 reads the newest version, any other that past version (if
-  // the answering node still retains it).
-  Result<replication::ReadReply> Read(const std::string& tree, const std::vector<uint32_t>& path,
-                                      std::string* used_uri = nullptr, uint64_t version = 0);
-  Result<replication::ReadReply> ReadFrom(const std::string& uri, const std::string& tree,
-                                          const std::vector<uint32_t>& path, uint64_t version = 0);
+  // Pooled clients by URI: taken by one thread, given back after a call.
+  std::unique_ptr<replication::Client> TakeClient(const std::string& uri, Status* error);
+  void GiveClient(std::unique_ptr<replication::Client> client);
+  // A SLICE routed by its level (see the API above); std::nullopt only when
+  // !may_block and answering would block.
+  std::optional<Result<replication::SliceReply>> SliceRead(const replication::SliceRequest& request, bool may_block);
+  Result<replication::SliceReply> SliceFrom(const std::string& uri, const replication::SliceRequest& request);
   Result<replication::CommitReply> Commit(const replication::CommitRequest& request);
   Result<replication::CreateTreeReply> CreateTree(const std::string& tree);
-  // URI to read `tree` from, and the tree's ring leader URI to write to.
-  std::string ReadUri(const std::string& tree);
-  std::string WriteUri(const std::string& tree);
-  void RefreshView();
+  // The cluster view; refreshed (STATUS of the local node) when older than
+  // view_refresh and may_block; possibly invalid (never fetched).
+  std::shared_ptr<const View> CurrentView(bool may_block);
+  std::string ReadUri(const View& view, const std::string& tree) const;
+  std::string WriteUri(const View& view, const std::string& tree) const;
   Status EnsureRegistry();
 
   BoardOptions options_;
-  std::map<std::string, std::unique_ptr<replication::Client>> clients_;  // by URI
-  std::unique_ptr<View> view_;
-  bool registry_ready_ = false;
+  std::mutex clients_mu_;
+  std::map<std::string, std::vector<std::unique_ptr<replication::Client>>> idle_clients_;  // by URI
+  std::mutex view_mu_;
+  std::shared_ptr<const View> view_;
+  std::atomic<bool> refreshing_{false};
+  std::atomic<bool> registry_ready_{false};
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;
+  bool stopping_ = false;  // (jobs_mu_)
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace canopy::board

@@ -169,6 +169,8 @@ int RunNode(int argc, char** argv) {
   uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
+  size_t http_workers = 32;
+  bool http_rpc_reads = false;
   po::options_description d("canopy node options");
   d.add_options()
       ("listen", po::value(&o.listen_uri)->required(),
@@ -217,6 +219,11 @@ int RunNode(int argc, char** argv) {
        "serve the bulletin-board HTTP/JSON API on IPv4:port or [IPv6]:port (port 0 picks a free port; it is "
        "printed and written to --http-port-file); see tools/canopy/board.h")
       ("http-port-file", po::value(&http_port_file), "write the HTTP port to this file once listening")
+      ("http-workers", po::value(&http_workers)->default_value(http_workers),
+       "board threads for requests that may block (posts, LEADER/QUORUM reads, reads of other nodes); reads at "
+       "ONE of this node's own trees are answered on the HTTP event thread. 0: everything on that thread")
+      ("http-rpc-reads", po::bool_switch(&http_rpc_reads),
+       "the board reads its own node over the loopback RPC too, instead of in-process (for comparison)")
       ("metrics", po::value(&metrics_address),
        "serve Prometheus metrics (text format) at http://ADDR/metrics, ADDR = IPv4:port or [IPv6]:port "
        "(port 0 picks a free port; it is printed and written to --metrics-port-file): commits and commit "
@@ -346,6 +353,11 @@ int RunNode(int argc, char** argv) {
     bo.client.secret = o.secret;
     bo.client.client_id = "board-" + (*node)->node_id();
     bo.client.timeout = std::chrono::milliseconds(5000);
+    bo.workers = http_workers;
+    if (!http_rpc_reads) {
+      replication::Node* local = node->get();
+      bo.local_slice = [local](const replication::SliceRequest& r) { return local->Slice(r); };
+    }
     board_service = std::make_unique<board::BoardService>(bo);
     http_options.limits.max_body_bytes = board_service->max_body_bytes();
     auto server = http::Server::Listen(http_options, board_service.get());
@@ -462,8 +474,9 @@ int RunCommit(int argc, char** argv) {
 
 int RunRead(int argc, char** argv) {
   ClientArgs a;
-  std::string tree, path = "/";
+  std::string tree, path = "/", cl;
   uint64_t version = 0;
+  uint32_t child_from = 0, child_limit = 0, timeout_ms = 2000;
   bool json = false;
   po::options_description d("canopy read options");
   AddClientOptions(d, a);
@@ -472,8 +485,65 @@ int RunRead(int argc, char** argv) {
       ("path", po::value(&path)->default_value("/"), "node path: / is the root, /0/2 the root's first child's third")
       ("version", po::value(&version)->default_value(0), "version to read (0: the node's latest); a past version is readable while the node retains it "
        "(canopy node --keep-versions / --keep-seconds), else NotFound names the oldest version held")
+      ("cl", po::value(&cl),
+       "read consistency: ONE (the node's newest), LEADER (at the tree's leader, after it proved its leadership: "
+       "read-your-writes, linearizable) or QUORUM (newest of a quorum of owners); see ReadLevel in "
+       "replication/protocol.h. Without --cl, --children or --from: a plain READ at ONE")
+      ("children", po::value(&child_limit)->default_value(0),
+       "also list up to this many children (their attributes and child counts), in the same round trip")
+      ("from", po::value(&child_from)->default_value(0), "index of the first child listed")
+      ("timeout-ms", po::value(&timeout_ms)->default_value(2000), "LEADER / QUORUM: how long the node may wait")
       ("json", po::bool_switch(&json), "print JSON");
-  if (!Parse(argc, argv, d, "usage: canopy read --node URI --cluster NAME --secret-file F --tree T [--path P] [--version V]")) return 0;
+  if (!Parse(argc, argv, d, "usage: canopy read --node URI --cluster NAME --secret-file F --tree T [--path P] "
+                            "[--version V] [--cl ONE|LEADER|QUORUM] [--children N [--from K]]")) {
+    return 0;
+  }
+  if (!cl.empty() || child_limit > 0 || child_from > 0) {
+    SliceRequest req;
+    req.tree = tree;
+    req.version = version;
+    req.path = ParsePath(path);
+    req.child_from = child_from;
+    req.child_limit = child_limit;
+    req.timeout_ms = timeout_ms;
+    if (!cl.empty()) {
+      auto level = ParseReadLevel(cl);
+      if (!level.ok()) throw UsageError(level.status().message());
+      req.level = *level;
+    }
+    auto c = ConnectClient(a);
+    auto r = c->Slice(req);
+    if (!r.ok()) throw std::runtime_error(r.status().ToString());
+    if (int rc = ReportStatus(r->status, "read")) return rc;
+    if (json) {
+      nlohmann::json j;
+      j["version"] = r->version;
+      j["cl"] = ReadLevelName(req.level);
+      j["answered_by"] = r->answered_by;
+      j["data_epoch"] = r->data_epoch;
+      j["children"] = r->child_count;
+      j["attributes"] = nlohmann::json::object();
+      for (const auto& [k, v] : r->attributes) j["attributes"][k] = v;
+      j["listed"] = nlohmann::json::array();
+      for (size_t i = 0; i < r->children.size(); ++i) {
+        nlohmann::json child{{"index", r->child_start + i}, {"children", r->children[i].child_count}};
+        child["attributes"] = nlohmann::json::object();
+        for (const auto& [k, v] : r->children[i].attributes) child["attributes"][k] = v;
+        j["listed"].push_back(std::move(child));
+      }
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << "version " << r->version << " children " << r->child_count << " (cl " << ReadLevelName(req.level)
+                << ", node " << r->answered_by << ")\n";
+      for (const auto& [k, v] : r->attributes) std::cout << k << "=" << v << "\n";
+      for (size_t i = 0; i < r->children.size(); ++i) {
+        std::cout << "child " << r->child_start + i << " (" << r->children[i].child_count << " children)";
+        for (const auto& [k, v] : r->children[i].attributes) std::cout << " " << k << "=" << v;
+        std::cout << "\n";
+      }
+    }
+    return 0;
+  }
   auto c = ConnectClient(a);
   auto r = c->Read(ReadRequest{tree, version, ParsePath(path)});
   if (!r.ok()) throw std::runtime_error(r.status().ToString());

@@ -15,8 +15,10 @@
 #include <cstring>
 #include <ctime>
 #include <list>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/logging.h"
@@ -27,6 +29,7 @@ namespace {
 
 constexpr uint64_t kListenerId = 0;
 constexpr uint64_t kWakeId = 1;
+constexpr uint64_t kDoneId = 2;  // deferred responses are ready
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr std::chrono::milliseconds kLingerTimeout{2000};
 constexpr int kMaxEvents = 256;
@@ -48,12 +51,39 @@ struct Connection {
   bool refused = false;        // over max_connections: only a 503 is sent
   bool sent_continue = false;  // "100 Continue" sent for the current request
   bool read_blocked = false;   // stopped reading (input bounded while a response is pending)
+  bool awaiting = false;       // the handler deferred the current request's answer
+  uint64_t await_seq = 0;      // numbers this connection's deferred requests
+  Request deferred_request;    // the request being answered later
   Clock::time_point deadline;
   std::list<uint64_t>* timer_list = nullptr;
   std::list<uint64_t>::iterator timer_pos;
 
   explicit Connection(RequestLimits limits) : parser(limits) {}
-  bool pending() const { return out_pos < out.size() || file.has_value(); }
+  bool pending() const { return awaiting || out_pos < out.size() || file.has_value(); }
+};
+
+// Answers of deferred requests, handed from any thread to the server thread.
+struct CompletionQueue {
+  struct Item {
+    uint64_t connection = 0;
+    uint64_t seq = 0;
+    Response response;
+  };
+  std::mutex mu;
+  std::vector<Item> items;
+  bool closed = false;  // the server is gone: answers are dropped
+  UniqueFd event_fd;    // eventfd in the server's epoll set
+
+  void Push(uint64_t connection, uint64_t seq, Response response) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return;
+    items.push_back(Item{connection, seq, std::move(response)});
+    if (items.size() == 1) {
+      uint64_t one = 1;
+      ssize_t ignored = ::write(event_fd.get(), &one, sizeof one);
+      (void)ignored;
+    }
+  }
 };
 
 std::string FormatPeer(const sockaddr_storage& addr, std::string* ip_only) {
@@ -79,9 +109,31 @@ std::string FormatPeer(const sockaddr_storage& addr, std::string* ip_only) {
 
 }  // namespace
 
+struct Responder::State {
+  std::shared_ptr<CompletionQueue> queue;
+  uint64_t connection = 0;
+  uint64_t seq = 0;
+  bool done = false;
+};
+
+Responder::~Responder() {
+  if (state_ && !state_->done) Respond(Response::Error(500, "the request was dropped before it was answered"));
+}
+
+void Responder::Respond(Response response) {
+  if (!state_ || state_->done) return;
+  state_->done = true;
+  state_->queue->Push(state_->connection, state_->seq, std::move(response));
+}
+
 class Server::Impl {
  public:
   Impl(const ServerOptions& options, Handler* handler) : options_(options), handler_(handler) {}
+  ~Impl() {
+    if (!completions_) return;
+    std::lock_guard<std::mutex> lock(completions_->mu);
+    completions_->closed = true;
+  }
 
   Status Init();
   Status Run();
@@ -106,6 +158,8 @@ class Server::Impl {
   void ReadInput(Connection* c, bool until_eagain);
   // Answers buffered requests. Returns false when the connection was closed.
   bool Process(Connection* c);
+  // Queues and sends the deferred answers that are ready.
+  void DrainCompletions();
   void QueueResponse(Connection* c, const Request& request, Response response, bool parse_error);
   // Sends what is pending. Returns false when the connection was closed.
   bool Flush(Connection* c);
@@ -126,7 +180,8 @@ class Server::Impl {
   UniqueFd wake_fd_;
   UniqueFd reserve_fd_;  // released on EMFILE so a connection can still be accepted and closed
   uint16_t port_ = 0;
-  uint64_t next_id_ = 2;
+  uint64_t next_id_ = 3;
+  std::shared_ptr<CompletionQueue> completions_;
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
   uint64_t active_connections_ = 0;  // excludes refused ones
   std::list<uint64_t> idle_list_;    // ordered by deadline (same timeout for all)
@@ -184,6 +239,13 @@ Status Server::Impl::Init() {
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, listen_fd_.get(), &ev) != 0) return ErrnoStatus(errno, "epoll_ctl");
   ev.data.u64 = kWakeId;
   if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0) return ErrnoStatus(errno, "epoll_ctl");
+  completions_ = std::make_shared<CompletionQueue>();
+  completions_->event_fd.Reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!completions_->event_fd) return ErrnoStatus(errno, "eventfd");
+  ev.data.u64 = kDoneId;
+  if (::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, completions_->event_fd.get(), &ev) != 0) {
+    return ErrnoStatus(errno, "epoll_ctl");
+  }
   reserve_fd_.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   return Status::Ok();
 }
@@ -206,6 +268,8 @@ Status Server::Impl::Run() {
         AcceptAll();
       } else if (id == kWakeId) {
         stopping_ = true;
+      } else if (id == kDoneId) {
+        DrainCompletions();
       } else {
         auto it = connections_.find(id);
         if (it != connections_.end()) OnEvent(it->second.get(), events[i].events);
@@ -255,6 +319,10 @@ void Server::Impl::ExpireTimers() {
       }
       Connection* c = it->second.get();
       if (c->deadline > now_) break;
+      if (c->awaiting && list == &idle_list_) {  // not idle: its answer is being made
+        Touch(c, list, options_.idle_timeout);
+        continue;
+      }
       if (list == &idle_list_) ++stats_.idle_closed;
       Close(c);
     }
@@ -406,8 +474,20 @@ bool Server::Impl::Process(Connection* c) {
       c->parser.Reset();
       c->sent_continue = false;
       request.peer = c->peer;
-      Response response = handler_->Handle(request);
-      QueueResponse(c, request, std::move(response), /*parse_error=*/false);
+      auto state = std::make_shared<Responder::State>();
+      state->queue = completions_;
+      state->connection = c->id;
+      state->seq = ++c->await_seq;
+      Responder responder = Server::MakeResponder(state);
+      std::optional<Response> response = handler_->HandleAsync(request, responder);
+      if (!response) {
+        // Answered later by whoever took the responder (or 500 when nobody did).
+        c->awaiting = true;
+        c->deferred_request = std::move(request);
+        break;
+      }
+      state->done = true;  // answered now: the responder says nothing
+      QueueResponse(c, request, std::move(*response), /*parse_error=*/false);
     }
     if (!Flush(c)) return false;
   }
@@ -416,6 +496,36 @@ bool Server::Impl::Process(Connection* c) {
     return false;
   }
   return true;
+}
+
+void Server::Impl::DrainCompletions() {
+  uint64_t count = 0;
+  ssize_t ignored = ::read(completions_->event_fd.get(), &count, sizeof count);
+  (void)ignored;
+  std::vector<CompletionQueue::Item> items;
+  {
+    std::lock_guard<std::mutex> lock(completions_->mu);
+    items.swap(completions_->items);
+  }
+  now_ = Clock::now();
+  for (auto& item : items) {
+    auto it = connections_.find(item.connection);
+    if (it == connections_.end()) continue;  // the client went away meanwhile
+    Connection* c = it->second.get();
+    if (!c->awaiting || c->await_seq != item.seq) continue;
+    c->awaiting = false;
+    ++stats_.deferred;
+    Request request = std::move(c->deferred_request);
+    c->deferred_request = Request();
+    QueueResponse(c, request, std::move(item.response), /*parse_error=*/false);
+    if (!Flush(c) || c->lingering) continue;
+    if (c->pending()) continue;  // the rest goes out on EPOLLOUT, then Process runs
+    if (c->read_blocked) {
+      ReadInput(c, /*until_eagain=*/true);
+    } else {
+      Process(c);
+    }
+  }
 }
 
 void Server::Impl::QueueResponse(Connection* c, const Request& request, Response response, bool parse_error) {

@@ -11,6 +11,11 @@
 //    requests from that connection, half-closes it and drops it after the
 //    peer closes (or 2 s), so the answer is not lost to a TCP reset.
 //  - Pipelined requests are answered in order, one at a time.
+//  - A Handler may defer an answer (HandleAsync + Responder): the connection
+//    then waits for it (reading at most a bounded amount ahead) while every
+//    other connection is served; the Responder may be completed from any
+//    thread. At most one deferred request per connection is outstanding, so
+//    deferred work is bounded by max_connections.
 //  - A connection idle (no bytes in or out) for idle_timeout is closed.
 //  - Beyond max_connections, a new connection is accepted, answered
 //    "503 Service Unavailable" with "Retry-After: 1" and "Connection: close"
@@ -25,12 +30,13 @@
 //
 // Thread safety: Run() runs on one thread; Stop() may be called from any
 // thread and from a signal handler. The Handler is only called on Run's
-// thread, one request at a time.
+// thread, one request at a time; Responder::Respond from any thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/result.h"
@@ -50,10 +56,43 @@ namespace canopy::http {
 //       return Response::Error(404);
 //     }
 //   };
+class Handler;
+
+// Completes one deferred request (see Handler::HandleAsync). Move-only.
+// Respond sends the answer: once (later calls are ignored), from any thread,
+// also after the server stopped or the client went away (it is then
+// dropped). A Responder destroyed without answering answers
+// "500 Internal Server Error", so a lost one never hangs a connection.
+class Responder {
+ public:
+  Responder() = default;
+  Responder(Responder&&) noexcept = default;
+  Responder& operator=(Responder&&) noexcept = default;
+  ~Responder();
+  void Respond(Response response);
+  bool empty() const { return state_ == nullptr; }
+
+  struct State;
+
+ private:
+  friend class Server;
+  explicit Responder(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
 class Handler {
  public:
   virtual ~Handler() = default;
   virtual Response Handle(const Request& request) = 0;
+  // What the server calls: an answer now (leave `responder` alone), or
+  // std::nullopt after moving `responder` to whoever answers later (a worker
+  // thread, a callback); std::nullopt with `responder` left here answers 500.
+  // The default answers Handle(request) at once. Runs on the server thread:
+  // it must not block for long either.
+  virtual std::optional<Response> HandleAsync(const Request& request, Responder& responder) {
+    (void)responder;
+    return Handle(request);
+  }
 };
 
 struct ServerOptions {
@@ -74,6 +113,7 @@ struct ServerStats {
   uint64_t requests = 0;
   uint64_t bad_requests = 0;         // answered with a parser error status
   uint64_t idle_closed = 0;
+  uint64_t deferred = 0;             // requests answered through a Responder
   uint64_t bytes_sent = 0;
   uint64_t open_connections = 0;
   bool max_duration_reached = false;  // Run() returned because of max_duration
@@ -103,6 +143,7 @@ class Server {
   class Impl;
 
  private:
+  static Responder MakeResponder(std::shared_ptr<Responder::State> state) { return Responder(std::move(state)); }
   explicit Server(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,324 @@
+// Reads with a stated consistency level (node_impl.h): SLICE at ONE, LEADER
+// and QUORUM. Locks: mu for the cluster view as everywhere; fence_mu only
+// around the shared metadata barrier (never with mu); read_pool_mu only
+// around the pool of peer clients (never with mu, never across a call).
+//
+// LEADER is linearizable by a quorum check, not a lease: before answering,
+// the leader proves through the metadata raft (one ReadLinearizable, i.e. a
+// raft barrier committed by a raft quorum, shared by every read that arrived
+// before it started) that the tree's leader entry still names it at the epoch
+// it serves. Why that is enough: another node can acknowledge a write of the
+// tree only after its CompareAndSetLeader moved the entry to a higher epoch,
+// and replicas refuse our stream once they know that epoch. So if a barrier
+// that began after the read arrived still shows (us, epoch e), every write
+// acknowledged before the read arrived was acknowledged by us, at epoch e,
+// and is in our store. The reply is the newest version a quorum of owners
+// holds durably, once that covers every version we held on arrival: never a
+// write that a failover could still discard (no dirty read), and every write
+// this client got acknowledged at any level, since it was on the leader
+// before the read came (read-your-writes). No clock is trusted, so the
+// faster failure detection of issue 18 cannot break it; the price is one
+// raft barrier per batch of LEADER reads. Without the metadata service there
+// is no failover: the ring's first owner leads at epoch 1 until the ring
+// changes, and the check is the local leadership test alone.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "base/logging.h"
+#include "replication/client.h"
+#include "replication/node_impl.h"
+
+namespace canopy::replication {
+
+namespace {
+
+void CopyAttributes(const tree::Node& n, std::map<std::string, std::string>* out) {
+  n.ForEachAttribute([&](tree::AttributeView a) { (*out)[std::string(a.key)] = std::string(a.value); });
+}
+
+}  // namespace
+
+SliceReply Node::Impl::SliceAt(const tree::Version& v, const SliceRequest& req) {
+  SliceReply reply;
+  reply.version = v.number();
+  reply.answered_by = node_id;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = trees.find(req.tree);
+    if (it != trees.end()) reply.data_epoch = it->second.data_epoch;
+  }
+  auto n = v.Find(tree::NodePath(req.path.begin(), req.path.end()));
+  if (!n.ok()) {
+    reply.status = StatusReplyFields::From(n.status());
+    return reply;
+  }
+  const tree::Node& node = **n;
+  CopyAttributes(node, &reply.attributes);
+  reply.child_count = static_cast<uint32_t>(node.child_count());
+  const uint64_t n_children = node.child_count();
+  uint64_t begin = req.child_from;
+  uint64_t end = begin + req.child_limit;
+  if (req.from_end) {
+    end = n_children > req.child_from ? n_children - req.child_from : 0;
+    begin = end > req.child_limit ? end - req.child_limit : 0;
+  }
+  end = std::min(end, n_children);
+  begin = std::min(begin, end);
+  reply.child_start = static_cast<uint32_t>(begin);
+  for (uint64_t i = begin; i < end; ++i) {
+    SliceChild c;
+    const tree::Node& child = *node.child(static_cast<size_t>(i));
+    CopyAttributes(child, &c.attributes);
+    c.child_count = static_cast<uint32_t>(child.child_count());
+    reply.children.push_back(std::move(c));
+  }
+  return reply;
+}
+
+SliceReply Node::Impl::SliceLocal(const SliceRequest& req) {
+  auto v = req.version == 0 ? store->Latest(req.tree) : store->At(req.tree, req.version);
+  if (!v.ok()) {
+    SliceReply reply;
+    reply.answered_by = node_id;
+    Status s = v.status();
+    if (req.version != 0 && store->HasTree(req.tree)) s = s.WithContext("node " + node_id);
+    reply.status = StatusReplyFields::From(s);
+    return reply;
+  }
+  return SliceAt(*v, req);
+}
+
+SliceReply Node::Impl::HandleSlice(const SliceRequest& req) {
+  if (req.child_limit > kMaxSliceChildren) {
+    SliceReply reply;
+    reply.status = StatusReplyFields::From(Status::InvalidArgument(
+        fmt::format("a slice returns at most {} children, not {}", kMaxSliceChildren, req.child_limit)));
+    return reply;
+  }
+  if (req.version != 0 && req.level != ReadLevel::kOne) {
+    SliceReply reply;
+    reply.status = StatusReplyFields::From(
+        Status::InvalidArgument("a past version is read at ONE only (LEADER and QUORUM read the newest)"));
+    return reply;
+  }
+  switch (req.level) {
+    case ReadLevel::kOne: return SliceLocal(req);
+    case ReadLevel::kLeader: return SliceAtLeader(req);
+    case ReadLevel::kQuorum: return SliceAtQuorum(req);
+  }
+  return SliceLocal(req);
+}
+
+Result<std::shared_ptr<const meta::ClusterState>> Node::Impl::MetaBarrier(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(fence_mu);
+  // A barrier that starts after this call: the next one to be started.
+  const uint64_t need = fence_started + 1;
+  while (fence_done < need) {
+    if (stopping) return Status::Unavailable("node is stopping");
+    if (!fence_running) {
+      fence_running = true;
+      uint64_t mine = ++fence_started;
+      lock.unlock();
+      auto r = meta->ReadLinearizable(deadline);
+      lock.lock();
+      fence_running = false;
+      fence_done = mine;
+      fence_result = r.ok() ? Result<std::shared_ptr<const meta::ClusterState>>(
+                                  std::make_shared<const meta::ClusterState>(std::move(*r)))
+                            : Result<std::shared_ptr<const meta::ClusterState>>(r.status());
+      fence_cv.notify_all();
+      continue;
+    }
+    if (fence_cv.wait_until(lock, deadline.at()) == std::cv_status::timeout && fence_done < need) {
+      return Status::Timeout("waiting for the metadata barrier that confirms leadership");
+    }
+  }
+  return fence_result;
+}
+
+uint64_t Node::Impl::QuorumDurableLocked(const std::string& tree_name, uint32_t* replicas) {
+  auto owners = OwnersLocked(tree_name);
+  std::string leader = LeaderLocked(tree_name);
+  if (std::find(owners.begin(), owners.end(), leader) == owners.end()) owners.push_back(leader);
+  std::vector<uint64_t> durable;
+  auto& acked = trees[tree_name].acked;
+  for (const auto& o : owners) {
+    if (o == node_id) {
+      durable.push_back(store->DurableVersion(tree_name).value_or(0));
+    } else {
+      auto it = acked.find(o);
+      durable.push_back(it == acked.end() ? 0 : it->second);
+    }
+  }
+  if (replicas) *replicas = static_cast<uint32_t>(owners.size());
+  uint32_t need = RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size()));
+  std::sort(durable.begin(), durable.end(), std::greater<>());
+  return durable.size() >= need ? durable[need - 1] : 0;
+}
+
+SliceReply Node::Impl::SliceAtLeader(const SliceRequest& req) {
+  SliceReply reply;
+  reply.answered_by = node_id;
+  if (NotLeader(req.tree, &reply.status, &reply.leader)) return reply;
+  auto arrived = store->LatestVersion(req.tree);
+  if (!arrived.ok()) {
+    reply.status = StatusReplyFields::From(arrived.status());
+    return reply;
+  }
+  Leadership served;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    served = LeadershipLocked(req.tree);
+  }
+  Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
+  if (meta) {
+    auto state = MetaBarrier(deadline);
+    if (!state.ok()) {
+      reply.status = StatusReplyFields::From(
+          state.status().WithContext("confirming leadership of " + req.tree + " for a LEADER read"));
+      return reply;
+    }
+    const meta::TreeLeader* t = (*state)->FindTree(req.tree);
+    bool still = t == nullptr ? served.epoch == kFirstEpoch
+                              : std::to_string(t->leader_node) == node_id && t->epoch == served.epoch;
+    if (!still) {
+      reply.status = StatusReplyFields::From(Status::Unavailable(fmt::format(
+          "node {} no longer leads {} at epoch {} (the metadata names node {} at epoch {}); retry at the leader",
+          node_id, req.tree, served.epoch, t ? t->leader_node : 0, t ? t->epoch : 0)));
+      return reply;
+    }
+  }
+  uint64_t committed = 0;
+  uint32_t replicas = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      committed = QuorumDurableLocked(req.tree, &replicas);
+      if (committed >= *arrived || deadline.expired() || stopping) break;
+      cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(5)));
+    }
+    if (!LeadsLocked(req.tree, nullptr) || LeadershipLocked(req.tree) != served) {
+      reply.status = StatusReplyFields::From(
+          Status::Unavailable(fmt::format("node {} lost the leadership of {} during a LEADER read", node_id, req.tree)));
+      return reply;
+    }
+  }
+  if (committed < *arrived) {
+    reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
+        "version {} of {} is not yet durable on a quorum of its {} replicas (quorum holds {}) after {} ms",
+        *arrived, req.tree, replicas, committed, req.timeout_ms)));
+    return reply;
+  }
+  auto v = store->At(req.tree, committed);
+  if (!v.ok()) {
+    reply.status = StatusReplyFields::From(v.status().WithContext("node " + node_id));
+    return reply;
+  }
+  reply = SliceAt(*v, req);
+  return reply;
+}
+
+std::unique_ptr<Client> Node::Impl::TakePeerClient(const std::string& peer_uri, Status* error) {
+  {
+    std::lock_guard<std::mutex> lock(read_pool_mu);
+    auto& idle = read_pool[peer_uri];
+    if (!idle.empty()) {
+      auto c = std::move(idle.back());
+      idle.pop_back();
+      return c;
+    }
+  }
+  ClientOptions o;
+  o.cluster = options.cluster;
+  o.secret = options.secret;
+  o.client_id = "node-" + node_id + "-reads";
+  o.timeout = std::chrono::milliseconds(2000);
+  auto c = Client::Connect(peer_uri, o);
+  if (!c.ok()) {
+    *error = c.status();
+    return nullptr;
+  }
+  return std::move(*c);
+}
+
+void Node::Impl::ReturnPeerClient(const std::string& peer_uri, std::unique_ptr<Client> c) {
+  std::lock_guard<std::mutex> lock(read_pool_mu);
+  auto& idle = read_pool[peer_uri];
+  if (idle.size() < kMaxIdlePeerClients && !stopping) idle.push_back(std::move(c));
+}
+
+SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
+  std::vector<std::pair<std::string, std::string>> owners;  // id, URI
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& o : OwnersLocked(req.tree)) owners.emplace_back(o, UriOfLocked(o));
+    // Ourselves first, then live peers, then the rest.
+    std::stable_sort(owners.begin(), owners.end(), [&](const auto& a, const auto& b) {
+      auto rank = [&](const std::string& id) { return id == node_id ? 0 : AliveLocked(id) ? 1 : 2; };
+      return rank(a.first) < rank(b.first);
+    });
+  }
+  const uint32_t need = RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size()));
+  SliceRequest one = req;
+  one.level = ReadLevel::kOne;
+  Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
+  uint32_t answered = 0;
+  std::optional<SliceReply> best;
+  std::string failures;
+  std::string not_found;
+  for (const auto& [id, peer_uri] : owners) {
+    if (answered >= need || deadline.expired()) break;
+    SliceReply r;
+    if (id == node_id) {
+      r = SliceLocal(one);
+    } else {
+      Status error;
+      auto c = TakePeerClient(peer_uri, &error);
+      if (!c) {
+        failures += fmt::format("; node {}: {}", id, error.ToString());
+        continue;
+      }
+      auto got = c->Slice(one);
+      if (!got.ok()) {
+        failures += fmt::format("; node {}: {}", id, got.status().ToString());
+        continue;
+      }
+      ReturnPeerClient(peer_uri, std::move(c));
+      r = std::move(*got);
+    }
+    // An owner without a copy yet (replicas get one with the tree's first
+    // commit), or without that path, answers NotFound: it counts, holding nothing.
+    if (r.status.code == StatusCode::kOk) {
+      ++answered;
+      if (!best || std::make_pair(r.data_epoch, r.version) > std::make_pair(best->data_epoch, best->version)) {
+        best = std::move(r);
+      }
+    } else if (r.status.code == StatusCode::kNotFound) {
+      ++answered;
+      if (not_found.empty()) not_found = r.status.message;
+    } else {
+      failures += fmt::format("; node {}: {}", id, r.status.message);
+    }
+  }
+  if (answered < need) {
+    SliceReply reply;
+    reply.answered_by = node_id;
+    reply.status = StatusReplyFields::From(Status::Unavailable(fmt::format(
+        "QUORUM read of {}: {} of the {} owners needed answered{}", req.tree, answered, need, failures)));
+    return reply;
+  }
+  if (!best) {
+    SliceReply reply;
+    reply.answered_by = node_id;
+    reply.status = StatusReplyFields::From(Status::NotFound(fmt::format(
+        "none of a quorum of owners holds {} at path /{}: {}", req.tree, fmt::join(req.path, "/"), not_found)));
+    return reply;
+  }
+  return std::move(*best);
+}
+
+}  // namespace canopy::replication
