@@ -24,6 +24,7 @@
 #include "base/coding.h"
 #include "base/file.h"
 #include "base/logging.h"
+#include "tree/legacy_snapshot.h"
 #include "tree/wal_impl.h"
 
 namespace canopy::tree {
@@ -245,15 +246,15 @@ Status WriteCheckpointFile(const std::string& path, const Version& v, size_t chu
   return s;
 }
 
-// Reads and fully verifies a checkpoint file.
-Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree, uint64_t version) {
+// Reads and fully verifies a format 1 (CSN1) checkpoint file.
+Result<Version> LoadLegacyCheckpoint(const std::string& path) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path);
-  SnapshotReader reader;
+  csn1::SnapshotReader reader;
   while (!reader.complete()) {
     CANOPY_ASSIGN_OR_RETURN(std::string_view head, in.Peek(8));
     if (head.empty()) break;
-    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(head));
+    CANOPY_ASSIGN_OR_RETURN(size_t len, csn1::SnapshotChunkLength(head));
     if (len > in.remaining()) return Status::Corruption(path + ": truncated chunk");
     CANOPY_ASSIGN_OR_RETURN(std::string_view chunk, in.Peek(len));
     if (chunk.size() < len) return Status::Corruption(path + ": truncated chunk");
@@ -263,8 +264,49 @@ Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree,
   CANOPY_ASSIGN_OR_RETURN(Version v, reader.Finish());
   CANOPY_ASSIGN_OR_RETURN(std::string_view rest, in.Peek(1));
   if (!rest.empty()) return Status::Corruption(path + ": bytes after the END chunk");
-  if (v.tree() != tree || v.number() != version) {
-    return Status::Corruption(path + ": holds tree '" + v.tree() + "' version " + std::to_string(v.number()));
+  return v;
+}
+
+// Opens a checkpoint file in place (format 2), fully checked. A format 1
+// file is decoded, rewritten in format 2 under the same name (atomically)
+// and then opened in place; should the rewrite fail, the decoded tree is
+// still returned (the file stays in format 1 and is migrated next time).
+Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree, uint64_t version) {
+  uint32_t magic = 0;
+  {
+    CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+    char head[4];
+    ssize_t n = ::pread(fd.get(), head, sizeof head, 0);
+    if (n < 0) return ErrnoStatus(errno, "read " + path);
+    if (n < 4) return Status::Corruption(path + ": truncated checkpoint (" + std::to_string(n) + " bytes)");
+    magic = DecodeFixed32(head);
+  }
+  Result<Version> v = Status::Corruption("");
+  if (magic == kSnapshotMagic) {
+    v = OpenSnapshotFile(path);
+  } else if (magic == kLegacySnapshotMagic) {
+    v = LoadLegacyCheckpoint(path);
+    if (v.ok() && v->tree() == tree && v->number() == version) {
+      Status s = WriteCheckpointFile(path, *v, kDefaultSnapshotChunkBytes);
+      if (s.ok()) {
+        CANOPY_LOG(kInfo, "{}: migrated from checkpoint format {} (CSN1) to format {} (CBK1)", path,
+                   kLegacySnapshotFormat, kSnapshotFormat);
+        v = OpenSnapshotFile(path);
+      } else {
+        CANOPY_LOG(kWarn, "{}: format {} (CSN1) checkpoint read, but not migrated to format {}: {}", path,
+                   kLegacySnapshotFormat, kSnapshotFormat, s.ToString());
+      }
+    }
+  } else {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", magic);
+    return Status::Corruption(path + ": not a checkpoint this canopy can read (magic 0x" + hex +
+                              "); it reads format " + std::to_string(kSnapshotFormat) +
+                              " (CBK1) and migrates format " + std::to_string(kLegacySnapshotFormat) + " (CSN1)");
+  }
+  if (!v.ok()) return v.status();
+  if (v->tree() != tree || v->number() != version) {
+    return Status::Corruption(path + ": holds tree '" + v->tree() + "' version " + std::to_string(v->number()));
   }
   return v;
 }
@@ -288,7 +330,7 @@ class InstallerImpl final : public SnapshotInstaller {
   std::string dir_;  // private directory under <store>/tmp
   std::string path_;
   UniqueFd file_;
-  SnapshotReader reader_;
+  SnapshotReader reader_{SnapshotReader::Keep::kNothing};
   Status error_;
   bool finished_ = false;
 };
@@ -1115,11 +1157,19 @@ Status InstallerImpl::AddChunk(std::string_view chunk) {
 Result<Version> InstallerImpl::Finish() {
   if (!error_.ok()) return error_;
   if (finished_) return Status::InvalidArgument("snapshot install already finished");
-  auto v = reader_.Finish();
-  if (!v.ok()) return error_ = v.status().WithContext("installing a snapshot of tree '" + tree_ + "'");
+  if (!reader_.complete()) {
+    return error_ = Status::Corruption("snapshot stream ended before its TAIL block")
+                        .WithContext("installing a snapshot of tree '" + tree_ + "'");
+  }
   // The one sync of the whole install: the file, then its directory.
   Status s = FsyncFd(file_.get(), path_);
   file_.Reset();
+  // Every block was checked as it arrived: the file is used in place.
+  Result<Version> v = Status::Corruption("");
+  if (s.ok()) {
+    v = reader_.FinishFromFile(path_);
+    if (!v.ok()) s = v.status();
+  }
   if (s.ok()) s = FsyncDir(dir_);
   if (s.ok()) s = store_->PublishInstall(tree_, dir_, *v);
   if (!s.ok()) return error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
