@@ -119,6 +119,9 @@ fi
 tp_sock=$work/testpmd.sock
 tp_period=1
 tp_tx_seconds=$((seconds + 2))  # traffic time after the first period with frames: seconds + 1 full periods + a partial one
+# testpmd checks --txpkts against the mbuf size when it parses it, so
+# --mbuf-size must come first (else: "length[0]=9014 > mbuf_data_size=2176 -
+# give up", and it sends 64 B frames).
 tp_mbuf=()
 ((frame + 128 <= 2176)) || tp_mbuf=(--mbuf-size=$((frame + 128)))
 
@@ -160,7 +163,7 @@ testpmd_sample() {
   done
   timeout -s INT 60 dpdk-testpmd --no-huge -m 256 --no-pci --log-level=lib.eal:warning \
     --file-prefix="$pfx-tptx" --lcores="0@$server_cpu,1@$client_cpu" --vdev="net_memif0,role=client,bsize=$memif_bsize,socket=$tp_sock" -- \
-    --forward-mode=txonly --txpkts="$frame" --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 "${tp_mbuf[@]}" \
+    --forward-mode=txonly "${tp_mbuf[@]}" --txpkts="$frame" --stats-period "$tp_period" --nb-cores=1 --total-num-mbufs=16384 \
     < /dev/null > "$work/testpmd.tx.$rep.log" 2>&1 &
   tx_pid=$!
   deadline=$((SECONDS + 20))

@@ -1,0 +1,198 @@
+// Leader side of replication (node_impl.h): one stream per subscribed replica,
+// a snapshot when the replica's history is not ours or the WAL no longer
+// holds what it lacks, then deltas as they are committed; ACKs flow back.
+
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "base/logging.h"
+#include "replication/node_impl.h"
+#include "tree/snapshot.h"
+
+namespace canopy::replication {
+
+// Streams `sub.tree` to the subscribing replica until it goes away or we
+// stop leading the tree.
+Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& peer, const Subscribe& sub) {
+  uint64_t epoch = 0;
+  bool trusted = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!LeadsLocked(sub.tree, &epoch)) {
+      Leadership l = LeadershipLocked(sub.tree);
+      SendError(conn,
+                Status::Unavailable(fmt::format("node {} is not the leader of {}; leader is {} (epoch {})",
+                                                node_id, sub.tree, l.leader, l.epoch)));
+      return Status::Ok();
+    }
+    const auto& t = trees[sub.tree];
+    // The replica's history is ours when it came from our epoch, or from
+    // the epoch we took over from, up to the version we took over at.
+    trusted = sub.have_version == 0 || sub.data_epoch == epoch ||
+              (t.predecessor_epoch != 0 && sub.data_epoch == t.predecessor_epoch &&
+               sub.have_version <= t.takeover_version);
+  }
+  if (!store->HasTree(sub.tree)) {
+    SendError(conn, Status::NotFound("no tree " + sub.tree + " on its leader (yet)"));
+    return Status::Ok();
+  }
+  if (sub.epoch > epoch) {
+    SendError(conn,
+              Status::Conflict(fmt::format("replica {} knows epoch {} of {}, newer than this leader's {}",
+                                           peer.node_id, sub.epoch, sub.tree, epoch)));
+    return Status::Ok();
+  }
+  if (!trusted) {
+    std::lock_guard<std::mutex> lock(mu);
+    trees[sub.tree].acked.erase(peer.node_id);  // an earlier stream's claim is void too
+  }
+  CANOPY_LOG(kInfo, "node {}: replica {} subscribed to {} at version {} (data epoch {}, leader epoch {}{})",
+             node_id, peer.node_id, sub.tree, sub.have_version, sub.data_epoch, epoch,
+             trusted ? "" : ", history not ours: resync by snapshot");
+  std::atomic<bool> done{false};
+  Status sender_status;
+  std::thread sender([&] {
+    sender_status = SendStream(conn, peer.node_id, sub, epoch, !trusted, done);
+    done = true;
+    conn.Close();
+    std::lock_guard<std::mutex> lock(mu);
+    cv.notify_all();
+  });
+  Status receive_status;
+  while (!done && !stopping) {
+    auto m = conn.Receive(Deadline::After(options.failure_timeout));
+    if (!m.ok()) {
+      receive_status = m.status();
+      if (m.status().IsTimeout()) {
+        receive_status = Status::Timeout(
+            fmt::format("replica {} silent for {} ms", peer.node_id, options.failure_timeout.count()));
+      }
+      break;
+    }
+    if (m->bulk_bytes != 0) {
+      receive_status = Status::Corruption("unexpected bulk bytes from replica");
+      break;
+    }
+    if (m->type == static_cast<uint16_t>(MessageType::kAck)) {
+      auto ack = DecodeAck(m->payload);
+      if (!ack.ok()) {
+        receive_status = ack.status();
+        break;
+      }
+      if (ack->tree != sub.tree || ack->epoch != epoch) {
+        receive_status = Status::Conflict(fmt::format("ACK for {} epoch {}, streaming {} epoch {}", ack->tree,
+                                                      ack->epoch, sub.tree, epoch));
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      // A replica whose history is not ours reports its own durable
+      // version until our snapshot replaced it: liveness only, no claim.
+      if (trusted || ack->snapshots_installed > 0) trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+      last_heard[peer.node_id] = Clock::now();
+      cv.notify_all();
+    } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
+      auto hb = DecodeHeartbeat(m->payload);
+      if (!hb.ok()) {
+        receive_status = hb.status();
+        break;
+      }
+      OnHeartbeat(*hb);
+    } else {
+      receive_status = UnexpectedMessage(*m, "ACK");
+      break;
+    }
+  }
+  done = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    cv.notify_all();
+  }
+  conn.Close();
+  sender.join();
+  if (!stopping) {
+    CANOPY_LOG(kInfo, "node {}: stream of {} to replica {} ended: {} / {}", node_id, sub.tree, peer.node_id,
+               receive_status.ToString(), sender_status.ToString());
+  }
+  return Status::Ok();
+}
+
+Status Node::Impl::SendSnapshot(transport::Connection& conn, const std::string& replica,
+                                const std::string& tree_name, uint64_t epoch, uint64_t* sent) {
+  CANOPY_ASSIGN_OR_RETURN(tree::Version v, store->Latest(tree_name));
+  CANOPY_LOG(kInfo, "node {}: streaming snapshot of {} at version {} to replica {} (it has version {})",
+             node_id, tree_name, v.number(), replica, *sent);
+  CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotBegin{tree_name, epoch, v.number()}));
+  tree::SnapshotWriter writer(v, options.snapshot_chunk_bytes);
+  uint64_t index = 0;
+  uint64_t bytes = 0;
+  std::string chunk;  // one buffer for the whole stream, handed back after each send
+  while (writer.NextInto(&chunk)) {
+    bytes += chunk.size();
+    SnapshotChunk c{tree_name, epoch, index++, std::move(chunk)};
+    CANOPY_RETURN_IF_ERROR(SendMessage(conn, c));
+    chunk = std::move(c.data);
+  }
+  CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotEnd{tree_name, epoch, v.number(), index}));
+  *sent = v.number();
+  metrics->SnapshotSent(bytes);
+  std::lock_guard<std::mutex> lock(mu);
+  ++trees[tree_name].snapshots_sent;
+  return Status::Ok();
+}
+
+Status Node::Impl::SendStream(transport::Connection& conn, const std::string& replica, const Subscribe& sub,
+                              uint64_t epoch, bool force_snapshot, const std::atomic<bool>& done) {
+  const std::string& tree_name = sub.tree;
+  uint64_t sent = sub.have_version;
+  CANOPY_ASSIGN_OR_RETURN(uint64_t latest, store->LatestVersion(tree_name));
+  if (sent > latest) force_snapshot = true;            // it holds versions we never had
+  if (sent == 0 && latest > 0) force_snapshot = true;  // a new replica (node join): bulk install
+  if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
+  uint64_t heartbeat_seq = 0;
+  auto still_leading = [&] {
+    uint64_t e = 0;
+    return LeadsLocked(tree_name, &e) && e == epoch;
+  };
+  while (!done && !stopping) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!still_leading())
+        return Status::Conflict(fmt::format("no longer the leader of {} at epoch {}", tree_name, epoch));
+    }
+    auto deltas = store->ReadDeltasSince(tree_name, sent, kDeltaBatchBytes);
+    if (!deltas.ok()) {
+      if (!deltas.status().IsNotFound()) return deltas.status();
+      CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
+      continue;
+    }
+    if (!deltas->empty()) {
+      for (auto& d : *deltas) {
+        Delta msg{tree_name, epoch, sent, sent + 1, std::move(d)};
+        CANOPY_RETURN_IF_ERROR(SendMessage(conn, msg));
+        ++sent;
+      }
+      continue;
+    }
+    // Idle: wait for the next commit, heartbeat meanwhile.
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, options.heartbeat_interval, [&] {
+        if (done || stopping || !still_leading()) return true;
+        auto l = store->LatestVersion(tree_name);
+        return l.ok() && *l > sent;
+      });
+    }
+    auto l = store->LatestVersion(tree_name);
+    if (l.ok() && *l == sent && !done && !stopping) {
+      Heartbeat hb;
+      hb.node_id = node_id;
+      hb.sequence = ++heartbeat_seq;
+      hb.trees.push_back({tree_name, epoch, sent});
+      CANOPY_RETURN_IF_ERROR(SendMessage(conn, hb));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace canopy::replication

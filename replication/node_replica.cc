@@ -1,0 +1,197 @@
+// Replica side of replication (node_impl.h): follow a tree's leader,
+// install snapshots, apply deltas in order, ACK the durable version.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "base/logging.h"
+#include "replication/node_impl.h"
+#include "transport/registry.h"
+#include "tree/snapshot.h"
+
+namespace canopy::replication {
+
+void Node::Impl::ReplicaLoop(std::string tree_name) {
+  CANOPY_LOG(kInfo, "node {}: replicating {}", node_id, tree_name);
+  while (!stopping) {
+    Leadership l;
+    std::string leader_uri;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto owners = OwnersLocked(tree_name);
+      bool owner = std::find(owners.begin(), owners.end(), node_id) != owners.end();
+      l = LeadershipLocked(tree_name);
+      if (!owner || l.leader == node_id || l.leader.empty()) break;
+      leader_uri = UriOfLocked(l.leader);
+    }
+    Status s =
+        leader_uri.empty() ? Status::NotFound("leader URI unknown") : FollowOnce(tree_name, l, leader_uri);
+    if (stopping) break;
+    CANOPY_LOG(kDebug, "node {}: following {} from {}: {}", node_id, tree_name, l.leader, s.ToString());
+    if (meta) MaybeFailover(tree_name, l);
+    SleepFor(std::chrono::milliseconds(100));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  trees[tree_name].replica_running = false;
+}
+
+Status Node::Impl::SendAck(transport::Connection& conn, const std::string& tree_name, uint64_t epoch,
+                           uint64_t snapshots_installed, uint64_t* last_acked) {
+  uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
+  *last_acked = durable;
+  return SendMessage(conn, Ack{tree_name, epoch, durable, snapshots_installed});
+}
+
+Status Node::Impl::FollowOnce(const std::string& tree_name, const Leadership& l,
+                              const std::string& leader_uri) {
+  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(leader_uri, topts));
+  if (!Register(conn.get())) return Status::Aborted("stopping");
+  Status s = FollowOn(*conn, tree_name, l);
+  conn->Close();
+  Unregister(conn.get());
+  return s;
+}
+
+Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l) {
+  const std::string& leader = l.leader;
+  const uint64_t epoch = l.epoch;
+  CANOPY_ASSIGN_OR_RETURN(PeerIdentity id,
+                          DialerHandshake(conn, hs, Deadline::After(std::chrono::seconds(3))));
+  if (id.node_id != leader) {
+    return Status::Unavailable(
+        fmt::format("{} answers as node {}, expected leader {}", conn.peer_uri(), id.node_id, leader));
+  }
+  uint64_t have = store->HasTree(tree_name) ? store->LatestVersion(tree_name).value_or(0) : 0;
+  uint64_t data_epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    data_epoch = trees[tree_name].data_epoch;
+  }
+  CANOPY_RETURN_IF_ERROR(SendMessage(conn, Subscribe{tree_name, epoch, have, node_id, data_epoch}));
+  uint64_t last_acked = 0;
+  uint64_t snapshots_installed = 0;  // on this stream
+  CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+  std::unique_ptr<tree::SnapshotInstaller> installer;
+  uint64_t expected_chunk = 0;
+  uint64_t snapshot_bytes = 0;  // of the snapshot being installed (metrics)
+  auto last_message = Clock::now();
+  auto last_keepalive = Clock::now();
+  auto check_epoch = [&](uint64_t msg_epoch) -> Status {
+    if (msg_epoch != epoch) {
+      return Status::Conflict(
+          fmt::format("message of epoch {} on a stream of epoch {}: refused", msg_epoch, epoch));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (!(LeadershipLocked(tree_name) == l)) {
+      return Status::Conflict(
+          fmt::format("leadership of {} moved past node {} epoch {}", tree_name, leader, epoch));
+    }
+    SetDataEpochLocked(tree_name, epoch);
+    return Status::Ok();
+  };
+  while (!stopping) {
+    auto m = conn.Receive(Deadline::After(options.heartbeat_interval));
+    if (!m.ok()) {
+      if (!m.status().IsTimeout()) return m.status();
+      if (Clock::now() - last_message > options.failure_timeout) {
+        return Status::Timeout(fmt::format("leader {} of {} silent", leader, tree_name));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
+      }
+      CANOPY_RETURN_IF_ERROR(
+          SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));  // keepalive + durable progress
+      continue;
+    }
+    last_message = Clock::now();
+    if (m->bulk_bytes != 0) return Status::Corruption("unexpected bulk bytes from leader");
+    switch (static_cast<MessageType>(m->type)) {
+      case MessageType::kDelta: {
+        CANOPY_ASSIGN_OR_RETURN(Delta d, DecodeDelta(m->payload));
+        if (d.tree != tree_name) return Status::Corruption("DELTA for another tree");
+        CANOPY_RETURN_IF_ERROR(check_epoch(d.epoch));
+        if (!store->HasTree(tree_name) && d.base_version == 0) {
+          Status c = store->CreateTree(tree_name);
+          if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
+        }
+        auto applied = store->ApplyEncodedDelta(d.delta);
+        if (!applied.ok())
+          return applied.status().WithContext("applying delta " + std::to_string(d.new_version));
+        if (applied->version != d.new_version)
+          return Status::Corruption("delta version does not match its header");
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        break;
+      }
+      case MessageType::kSnapshotBegin: {
+        CANOPY_ASSIGN_OR_RETURN(SnapshotBegin b, DecodeSnapshotBegin(m->payload));
+        if (b.tree != tree_name) return Status::Corruption("SNAPSHOT_BEGIN for another tree");
+        if (b.epoch != epoch) return Status::Conflict("SNAPSHOT_BEGIN of another epoch: refused");
+        CANOPY_LOG(kInfo, "node {}: receiving snapshot of {} at version {} from {}", node_id, tree_name,
+                   b.version, leader);
+        CANOPY_ASSIGN_OR_RETURN(installer, store->BeginSnapshotInstall(tree_name));
+        expected_chunk = 0;
+        snapshot_bytes = 0;
+        break;
+      }
+      case MessageType::kSnapshotChunk: {
+        CANOPY_ASSIGN_OR_RETURN(SnapshotChunk c, DecodeSnapshotChunk(m->payload));
+        if (!installer) return Status::Corruption("SNAPSHOT_CHUNK without SNAPSHOT_BEGIN");
+        if (c.epoch != epoch) return Status::Conflict("SNAPSHOT_CHUNK of another epoch: refused");
+        if (c.index != expected_chunk++) return Status::Corruption("snapshot chunk out of order");
+        CANOPY_RETURN_IF_ERROR(installer->AddChunk(c.data));
+        snapshot_bytes += c.data.size();
+        // While chunks keep arriving this loop never times out, so nothing
+        // else tells the leader we are alive; a long snapshot would then be
+        // dropped after failure_timeout and restarted from scratch. Repeat
+        // the last ACK (no new durability claim) once per heartbeat.
+        if (Clock::now() - last_keepalive >= options.heartbeat_interval) {
+          CANOPY_RETURN_IF_ERROR(SendMessage(conn, Ack{tree_name, epoch, last_acked, snapshots_installed}));
+          last_keepalive = Clock::now();
+        }
+        break;
+      }
+      case MessageType::kSnapshotEnd: {
+        CANOPY_ASSIGN_OR_RETURN(SnapshotEnd e, DecodeSnapshotEnd(m->payload));
+        if (!installer) return Status::Corruption("SNAPSHOT_END without SNAPSHOT_BEGIN");
+        if (e.chunks != expected_chunk) return Status::Corruption("snapshot chunk count mismatch");
+        CANOPY_RETURN_IF_ERROR(check_epoch(e.epoch));
+        CANOPY_ASSIGN_OR_RETURN(tree::Version v, installer->Finish());
+        installer.reset();
+        if (v.number() != e.version) return Status::Corruption("installed snapshot version mismatch");
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++trees[tree_name].snapshots_received;
+        }
+        ++snapshots_installed;
+        metrics->SnapshotInstalled(snapshot_bytes);
+        CANOPY_LOG(kInfo, "node {}: installed snapshot of {} at version {}", node_id, tree_name, v.number());
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        break;
+      }
+      case MessageType::kHeartbeat: {
+        CANOPY_ASSIGN_OR_RETURN(Heartbeat hb, DecodeHeartbeat(m->payload));
+        for (const auto& t : hb.trees) {
+          if (t.tree == tree_name && t.epoch != epoch)
+            return Status::Conflict("HEARTBEAT of another epoch: refused");
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          last_heard[leader] = Clock::now();
+          if (!(LeadershipLocked(tree_name) == l)) return Status::Conflict("leadership changed");
+        }
+        uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
+        if (durable != last_acked) {
+          CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        }
+        break;
+      }
+      default:
+        return UnexpectedMessage(*m, "DELTA");
+    }
+  }
+  return Status::Aborted("stopping");
+}
+
+}  // namespace canopy::replication
