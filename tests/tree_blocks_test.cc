@@ -255,5 +255,59 @@ TEST(TreeBlocks, StoreMigratesFormatOneCheckpointsOnOpen) {
   EXPECT_EQ((*store)->Latest("rand")->number(), 7u);
 }
 
+TEST(TreeBlocks, SnapshotIsTheCheckpointFileThenTheWalTail) {
+  TempDir leader_dir, replica_dir;
+  StoreOptions o;
+  o.checkpoint_every_commits = 0;
+  o.fsync = FsyncPolicy::kNone;
+  auto leader = Store::Open(leader_dir.path(), o);
+  ASSERT_TRUE(leader.ok());
+  ASSERT_TRUE((*leader)->CreateTree("t").ok());
+  auto commit = [&](int i) {
+    auto txn = (*leader)->Begin("t");
+    ASSERT_TRUE(txn.ok());
+    auto child = txn->AppendChild({});
+    ASSERT_TRUE(child.ok());
+    ASSERT_TRUE(txn->PutAttribute(*child, "n", std::to_string(i)).ok());
+    ASSERT_TRUE((*leader)->Commit(std::move(*txn)).ok());
+  };
+  for (int i = 1; i <= 30; ++i) commit(i);
+  EXPECT_TRUE((*leader)->NewestCheckpoint("t").status().IsNotFound());
+  ASSERT_TRUE((*leader)->Checkpoint("t").ok());
+  for (int i = 31; i <= 45; ++i) commit(i);
+
+  auto cp = (*leader)->NewestCheckpoint("t");
+  ASSERT_TRUE(cp.ok()) << cp.status().ToString();
+  EXPECT_EQ(cp->number(), 30u);
+  EXPECT_TRUE(cp->root()->lazy());
+  // The stream is the checkpoint file, byte for byte.
+  std::string file;
+  {
+    std::ifstream in(leader_dir.path() + "/trees/t/checkpoint-00000000000000000030.snap", std::ios::binary);
+    file.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto chunks = EncodeSnapshotChunks(*cp);
+  EXPECT_EQ(Join(chunks), file);
+
+  // A replica installs it and applies the WAL tail: it is then the leader's latest.
+  auto replica = Store::Open(replica_dir.path(), o);
+  ASSERT_TRUE(replica.ok());
+  auto inst = (*replica)->BeginSnapshotInstall("t");
+  ASSERT_TRUE(inst.ok());
+  for (const auto& c : chunks) ASSERT_TRUE((*inst)->AddChunk(c).ok());
+  auto installed = (*inst)->Finish();
+  ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+  EXPECT_TRUE(installed->root()->lazy());  // served from the file, nothing decoded
+  auto tail = (*leader)->ReadDeltasSince("t", 30, 1 << 20);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  ASSERT_EQ(tail->size(), 15u);
+  for (const auto& d : *tail) ASSERT_TRUE((*replica)->ApplyEncodedDelta(d).ok());
+  EXPECT_EQ((*replica)->Latest("t")->Digest(), (*leader)->Latest("t")->Digest());
+  EXPECT_EQ((*replica)->Latest("t")->number(), 45u);
+  // A newer checkpoint replaces the cached one.
+  ASSERT_TRUE((*leader)->Checkpoint("t").ok());
+  EXPECT_EQ((*leader)->NewestCheckpoint("t")->number(), 45u);
+}
+
 }  // namespace
 }  // namespace canopy::tree

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <thread>
@@ -159,6 +160,11 @@ struct TreeState {
   uint64_t generation = 0;  // bumped when a snapshot install replaces the tree
   Status failed;            // non-ok: read-only until reopen
   uint64_t checkpoint_version = 0;
+  // NewestCheckpoint's answer, opened in place; valid while its number is
+  // checkpoint_version and generation is newest_checkpoint_generation.
+  // Guarded by maintenance_mu.
+  std::optional<Version> newest_checkpoint;
+  uint64_t newest_checkpoint_generation = 0;
   uint64_t commits_since_checkpoint = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
@@ -554,6 +560,28 @@ class StoreImpl final : public Store {
   Result<uint64_t> Checkpoint(std::string_view tree) override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
     return CheckpointTree(*t);
+  }
+
+  Result<Version> NewestCheckpoint(std::string_view tree) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard mlk(t->maintenance_mu);  // no checkpoint written, deleted or installed meanwhile
+    uint64_t cv, generation;
+    {
+      std::lock_guard lk(t->mu);
+      cv = t->checkpoint_version;
+      generation = t->generation;
+    }
+    if (t->newest_checkpoint && t->newest_checkpoint->number() == cv &&
+        t->newest_checkpoint_generation == generation) {
+      return *t->newest_checkpoint;
+    }
+    t->newest_checkpoint.reset();
+    std::string path = JoinPath(t->dir, CheckpointName(cv));
+    if (::access(path.c_str(), F_OK) != 0) return Status::NotFound(TreeLabel(*t) + ": no checkpoint file");
+    CANOPY_ASSIGN_OR_RETURN(Version v, LoadCheckpoint(path, t->name, cv));
+    t->newest_checkpoint = v;
+    t->newest_checkpoint_generation = generation;
+    return v;
   }
 
   Status TruncateWalBefore(std::string_view tree, uint64_t version) override {
