@@ -64,9 +64,16 @@ int main(int argc, char** argv) {
   Write(out, "wal", "torn-tail", wal.substr(0, wal.size() - 3));
   auto latest = (*store)->Latest("docs");
   if (!latest.ok()) return 1;
-  std::string snapshot;
+  // fuzz_snapshot's first byte picks its mode (see snapshot_fuzz.cc): even,
+  // a whole stream; odd, a NODES payload (after a node-count byte).
+  std::string snapshot(1, '\0');
   for (const std::string& chunk : tree::EncodeSnapshotChunks(*latest, tree::kMinSnapshotChunkBytes)) snapshot += chunk;
   Write(out, "snapshot", "docs", snapshot);
+  auto whole = tree::EncodeSnapshotChunks(*latest);  // HEAD, one NODES block, TAIL
+  std::string nodes = "\x01";
+  nodes += static_cast<char>(tree::CountNodes(latest->root()));
+  nodes += whole[1].substr(tree::kChunkHeaderBytes, whole[1].size() - tree::kChunkOverheadBytes);
+  Write(out, "snapshot", "docs-nodes", nodes);
 
   namespace r = replication;
   r::Hello hello{"cluster", "1", r::PeerRole::kNode, r::kProtocolVersion, std::string(r::kNonceBytes, 'n'),

@@ -123,7 +123,16 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
 
 Status Node::Impl::SendSnapshot(transport::Connection& conn, const std::string& replica,
                                 const std::string& tree_name, uint64_t epoch, uint64_t* sent) {
+  // The snapshot is the newest checkpoint file's blocks as they are (read in
+  // place: nothing is encoded); the deltas after it follow from the WAL. The
+  // in-memory latest version is encoded only when there is no checkpoint, or
+  // the WAL does not reach back to it.
   CANOPY_ASSIGN_OR_RETURN(tree::Version v, store->Latest(tree_name));
+  if (auto checkpoint = store->NewestCheckpoint(tree_name); checkpoint.ok() && checkpoint->number() > 0) {
+    if (checkpoint->number() == v.number() || store->ReadDeltasSince(tree_name, checkpoint->number(), 1).ok()) {
+      v = std::move(*checkpoint);
+    }
+  }
   CANOPY_LOG(kInfo, "node {}: streaming snapshot of {} at version {} to replica {} (it has version {})",
              node_id, tree_name, v.number(), replica, *sent);
   CANOPY_RETURN_IF_ERROR(SendMessage(conn, SnapshotBegin{tree_name, epoch, v.number()}));

@@ -96,6 +96,7 @@ NodePtr Node::Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> ch
 }
 
 std::optional<std::string_view> Node::attribute(std::string_view key) const {
+  Load();
   size_t i = attributes_.PartitionPoint([key](const AttributePtr& b) { return b->key() < key; });
   if (i == attributes_.size()) return std::nullopt;
   const AttributeBlob& b = *attributes_[i];
@@ -104,6 +105,7 @@ std::optional<std::string_view> Node::attribute(std::string_view key) const {
 }
 
 size_t Node::OwnBytes() const {
+  Load();
   size_t bytes = sizeof(Node) + children_.ChunkBytes() + attributes_.ChunkBytes();
   attributes_.ForEach([&](const AttributePtr& b) {
     bytes += sizeof(AttributeBlob) + b->key().size() + b->value().size();

@@ -20,6 +20,15 @@
 // A NodePath addresses a node by child indexes from the root: {} is the root,
 // {2} the root's third child, {2, 0} that child's first child.
 //
+// Lazy nodes: a tree opened from a block image (tree/snapshot.h,
+// OpenSnapshotImage / OpenSnapshotFile) starts as one node that only points
+// at its record in the image. A lazy node decodes its own record (attributes,
+// and one lazy node per child) the first time anything reads it, then drops
+// its reference to the image; until then it costs its 40 bytes and nothing
+// else. Decoding is thread-safe (a striped lock; readers of an already
+// decoded node pay one acquire load) and cannot fail: the image was fully
+// checked (CRCs and structure) before any lazy node was made.
+//
 // Deep trees are safe: releasing the last reference to a chain of any depth
 // does not recurse once per level (nodes are torn down from a work list), and
 // every walk in canopy::tree uses an explicit stack.
@@ -84,6 +93,7 @@ using AttributePtr = RefPtr<const AttributeBlob>;
 
 class Node;
 using NodePtr = RefPtr<const Node>;
+class NodeImage;  // tree/node_image.h (private): a checked block image
 
 void RefAdd(const Node* n) noexcept;
 void RefRelease(const Node* n) noexcept;
@@ -100,18 +110,29 @@ class Node {
   // The shared empty node (a fresh tree's root, every new child).
   static const NodePtr& Empty();
 
-  size_t child_count() const { return children_.size(); }
+  size_t child_count() const {
+    Load();
+    return children_.size();
+  }
   // REQUIRES: i < child_count(). O(log32 n).
-  const NodePtr& child(size_t i) const { return children_[i]; }
+  const NodePtr& child(size_t i) const {
+    Load();
+    return children_[i];
+  }
   // Calls f(const NodePtr&) for every child in order; O(children).
   template <typename F>
   void ForEachChild(F&& f) const {
+    Load();
     children_.ForEach(f);
   }
 
-  size_t attribute_count() const { return attributes_.size(); }
+  size_t attribute_count() const {
+    Load();
+    return attributes_.size();
+  }
   // REQUIRES: i < attribute_count(). Attributes are in key order. O(log32 n).
   AttributeView attribute_at(size_t i) const {
+    Load();
     const AttributeBlob& b = *attributes_[i];
     return {b.key(), b.value()};
   }
@@ -120,6 +141,7 @@ class Node {
   // Calls f(AttributeView) for every attribute in key order.
   template <typename F>
   void ForEachAttribute(F&& f) const {
+    Load();
     attributes_.ForEach([&](const AttributePtr& b) { f(AttributeView{b->key(), b->value()}); });
   }
   // All attributes as a random-access view (index-based; for small maps and tests).
@@ -127,8 +149,17 @@ class Node {
   AttributeList attributes() const;
 
   // The children and attributes sequences (tree internals: codecs, edits).
-  const PersistentVector<NodePtr>& child_vector() const { return children_; }
-  const PersistentVector<AttributePtr>& attribute_vector() const { return attributes_; }
+  const PersistentVector<NodePtr>& child_vector() const {
+    Load();
+    return children_;
+  }
+  const PersistentVector<AttributePtr>& attribute_vector() const {
+    Load();
+    return attributes_;
+  }
+
+  // True while this node has not decoded its record (see "Lazy nodes").
+  bool lazy() const { return lazy_image_.load(std::memory_order_acquire) != nullptr; }
 
   // Bytes this node's own storage takes: the Node, its sequences' chunks
   // and its attribute blobs, counting shared ones too (not its children).
@@ -136,16 +167,29 @@ class Node {
 
  private:
   friend class NodeBuilderAccess;  // tree internals edit nodes not yet published
+  friend class NodeImageAccess;    // lazy nodes over a block image
   friend void RefAdd(const Node* n) noexcept;
   friend void RefRelease(const Node* n) noexcept;
   Node() = default;
-  Node(const Node& o) : children_(o.children_), attributes_(o.attributes_) {}
+  Node(const Node& o) : children_((o.Load(), o.children_)), attributes_(o.attributes_) {}
   Node& operator=(const Node&) = delete;
-  ~Node() = default;
+  ~Node();
+
+  void Load() const {
+    if (lazy_image_.load(std::memory_order_acquire) != nullptr) [[unlikely]]
+      Decode();
+  }
+  // Decodes the record this lazy node points at (once; under a striped lock).
+  void Decode() const;
 
   mutable std::atomic<uint64_t> refs_{1};
-  PersistentVector<NodePtr> children_;
-  PersistentVector<AttributePtr> attributes_;
+  // Written once, by Decode, before lazy_image_ is cleared (release); read
+  // only after Load() (acquire), so every reader sees them complete.
+  mutable PersistentVector<NodePtr> children_;
+  mutable PersistentVector<AttributePtr> attributes_;
+  // While lazy: the image (one counted reference) and the record's offset in it.
+  mutable std::atomic<const NodeImage*> lazy_image_{nullptr};
+  uint64_t lazy_offset_ = 0;
 };
 
 class Node::AttributeList {

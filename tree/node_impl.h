@@ -19,8 +19,14 @@ class NodeBuilderAccess {
   // Makes *slot a node that the caller alone holds (copying it if shared:
   // O(1), the copy shares both sequences) and returns it for editing.
   static Node& Unique(NodePtr* slot);
-  static PersistentVector<NodePtr>& children(Node& n) { return n.children_; }
-  static PersistentVector<AttributePtr>& attributes(Node& n) { return n.attributes_; }
+  static PersistentVector<NodePtr>& children(Node& n) {
+    n.Load();
+    return n.children_;
+  }
+  static PersistentVector<AttributePtr>& attributes(Node& n) {
+    n.Load();
+    return n.attributes_;
+  }
   // True if the caller's reference is the only one.
   static bool IsUnique(const NodePtr& p) { return p->refs_.load(std::memory_order_acquire) == 1; }
 };

@@ -1,114 +1,445 @@
 #include "tree/snapshot.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "base/coding.h"
 #include "base/crc32c.h"
+#include "tree/node_image.h"
 
 namespace canopy::tree {
 
 namespace {
 
-constexpr uint8_t kChunkBegin = 1;
-constexpr uint8_t kChunkNodes = 2;
-constexpr uint8_t kChunkEnd = 3;
-
-void AppendRecord(std::string* out, const Node& n) {
-  PutVarint64(out, n.attribute_count());
-  n.ForEachAttribute([out](AttributeView a) {
-    PutLengthPrefixed(out, a.key);
-    PutLengthPrefixed(out, a.value);
-  });
-  PutVarint64(out, n.child_count());
-}
-
-// Pre-order walk producing body records, a few at a time.
-class BodyWalker {
- public:
-  explicit BodyWalker(const Node* root) : root_(root) {}
-
-  // Appends records to *out until it holds at least `target` bytes or the
-  // walk is over. Returns false once every record has been produced.
-  bool Fill(std::string* out, size_t target) {
-    while (out->size() < target) {
-      if (!started_) {
-        started_ = true;
-        Emit(out, root_);
-        continue;
-      }
-      if (stack_.empty()) return false;
-      Frame& top = stack_.back();
-      if (top.next < top.node->child_count()) {
-        // Children come a leaf of the child sequence at a time.
-        if (top.next >= top.span.first + top.span.count) top.span = top.node->child_vector().SpanAt(top.next);
-        const Node* child = top.span.items[top.next - top.span.first].get();
-        ++top.next;
-        Emit(out, child);
-      } else {
-        stack_.pop_back();
-      }
-    }
-    return !finished();
-  }
-  bool finished() const { return started_ && stack_.empty(); }
-  uint64_t nodes() const { return nodes_; }
-
- private:
-  struct Frame {
-    const Node* node;
-    size_t next;
-    PersistentVector<NodePtr>::Span span;  // the leaf holding child `next`, once fetched
-  };
-  void Emit(std::string* out, const Node* n) {
-    AppendRecord(out, *n);
-    ++nodes_;
-    if (n->child_count() > 0) stack_.push_back(Frame{n, 0, {nullptr, 0, 0}});
-  }
-  const Node* root_;
-  std::vector<Frame> stack_;
-  bool started_ = false;
-  uint64_t nodes_ = 0;
-};
+constexpr uint8_t kBlockHead = 1;
+constexpr uint8_t kBlockNodes = 2;
+constexpr uint8_t kBlockTail = 3;
 
 struct Xxh3 {
   Xxh3() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
   ~Xxh3() {
     if (state) XXH3_freeState(state);
   }
-  Xxh3(const Xxh3& o) : state(XXH3_createState()) { XXH3_copyState(state, o.state); }
-  Xxh3& operator=(Xxh3&& o) noexcept {
-    std::swap(state, o.state);
-    return *this;
-  }
+  Xxh3(const Xxh3&) = delete;
   Xxh3& operator=(const Xxh3&) = delete;
-  void Update(std::string_view b) { XXH3_64bits_update(state, b.data(), b.size()); }
+  void Update(const char* p, size_t n) { XXH3_64bits_update(state, p, n); }
   uint64_t Digest() const { return XXH3_64bits_digest(state); }
   XXH3_state_t* state;
 };
 
+inline char* PutVarintRaw(char* p, uint64_t v) {
+  while (v >= 0x80) {
+    *p++ = static_cast<char>(v | 0x80);
+    v >>= 7;
+  }
+  *p++ = static_cast<char>(v);
+  return p;
+}
+inline size_t VarintBytes(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------- body encoder
+
+// Produces the body of a tree in post-order, whole records at a time. Lazy
+// subtrees (still pointing into an image) are copied from the image's bytes:
+// a subtree's records are contiguous and position-independent.
+class BodyEncoder {
+ public:
+  explicit BodyEncoder(NodePtr root) : root_(std::move(root)) {}
+
+  enum class Step { kFull, kDone };
+  // Appends to *out while it stays at or under `limit` bytes; a record (or a
+  // copied piece) that does not fit ends the call with kFull, unless *out
+  // holds no body bytes yet (past `floor`), in which case it is appended
+  // anyway (a block of its own). ResourceExhausted if that one item would
+  // pass `hard_limit`.
+  Result<Step> Fill(std::string* out, size_t floor, size_t limit, size_t hard_limit) {
+    for (;;) {
+      if (copy_.img) {
+        size_t b = copy_.img->BlockOf(copy_.pos);
+        const NodeImage::Block& blk = copy_.img->blocks()[b];
+        uint64_t piece = std::min(blk.logical + blk.bytes, copy_.end) - copy_.pos;
+        if (out->size() + piece > limit && out->size() > floor) return Step::kFull;
+        if (out->size() + piece > hard_limit) return TooLarge(piece);
+        out->append(copy_.img->data() + blk.physical + (copy_.pos - blk.logical), piece);
+        copy_.pos += piece;
+        logical_ += piece;
+        if (copy_.pos == copy_.end) copy_ = Copy{};
+        continue;
+      }
+      if (!started_) {
+        started_ = true;
+        Visit(root_.get());
+        continue;
+      }
+      if (stack_.empty()) return Step::kDone;
+      Frame& f = stack_.back();
+      if (f.next < f.count) {
+        if (f.next >= f.span.first + f.span.count) f.span = f.node->child_vector().SpanAt(f.next);
+        const Node* child = f.span.items[f.next - f.span.first].get();
+        ++f.next;
+        Visit(child);
+        continue;
+      }
+      // All children done: the record of f.node.
+      const Node& n = *f.node;
+      size_t attr_count = n.attribute_count();
+      size_t size = VarintBytes(attr_count) + VarintBytes(f.count);
+      n.ForEachAttribute([&](AttributeView a) {
+        size += VarintBytes(a.key.size()) + a.key.size() + VarintBytes(a.value.size()) + a.value.size();
+      });
+      for (size_t j = f.base; j < offsets_.size(); ++j) size += VarintBytes(logical_ - offsets_[j]);
+      if (out->size() + size > limit && out->size() > floor) return Step::kFull;
+      if (out->size() + size > hard_limit) return TooLarge(size);
+      size_t at = out->size();
+      out->resize(at + size);
+      char* p = out->data() + at;
+      p = PutVarintRaw(p, attr_count);
+      n.ForEachAttribute([&](AttributeView a) {
+        p = PutVarintRaw(p, a.key.size());
+        std::memcpy(p, a.key.data(), a.key.size());
+        p += a.key.size();
+        p = PutVarintRaw(p, a.value.size());
+        std::memcpy(p, a.value.data(), a.value.size());
+        p += a.value.size();
+      });
+      p = PutVarintRaw(p, f.count);
+      for (size_t j = f.base; j < offsets_.size(); ++j) p = PutVarintRaw(p, logical_ - offsets_[j]);
+      offsets_.resize(f.base);
+      offsets_.push_back(logical_);
+      logical_ += size;
+      ++nodes_;
+      stack_.pop_back();
+    }
+  }
+
+  uint64_t nodes() const { return nodes_; }
+  uint64_t body_bytes() const { return logical_; }
+
+ private:
+  struct Frame {
+    const Node* node;
+    size_t next;
+    size_t count;
+    size_t base;  // offsets_ index of this node's first child
+    PersistentVector<NodePtr>::Span span;
+  };
+  struct Copy {
+    NodeImagePtr img;
+    uint64_t pos = 0, end = 0;
+  };
+
+  Status TooLarge(uint64_t bytes) {
+    return Status::ResourceExhausted("snapshot: a node record of " + std::to_string(bytes) +
+                                     " bytes does not fit in a block (at most " +
+                                     std::to_string(kMaxSnapshotChunkBytes) + ")");
+  }
+
+  void Visit(const Node* n) {
+    NodeImagePtr img;
+    uint64_t at;
+    if (NodeImageAccess::Source(*n, &img, &at)) {
+      // The subtree runs from its first leaf's record to the end of its own.
+      size_t hint = 0;
+      RecordParts root = ParseRecordParts(img->Record(at, &hint));
+      uint64_t start = at;
+      for (RecordParts r = root; r.child_count > 0;) {
+        const char* d = r.deltas;
+        start -= TakeVarint(&d);
+        r = ParseRecordParts(img->Record(start, &hint));
+      }
+      uint64_t end = at + static_cast<uint64_t>(root.end - img->Record(at, &hint));
+      offsets_.push_back(logical_ + (at - start));
+      const NodeImage::Summary& whole = img->summary();
+      nodes_ += (start == 0 && end == whole.body_bytes) ? whole.nodes : CountRecords(*img, start, end);
+      copy_ = Copy{std::move(img), start, end};
+      return;
+    }
+    stack_.push_back(Frame{n, 0, n->child_count(), offsets_.size(), {nullptr, 0, 0}});
+  }
+
+  static uint64_t CountRecords(const NodeImage& img, uint64_t start, uint64_t end) {
+    uint64_t count = 0;
+    size_t hint = 0;
+    while (start < end) {
+      const char* r = img.Record(start, &hint);
+      start += static_cast<uint64_t>(ParseRecordParts(r).end - r);
+      ++count;
+    }
+    return count;
+  }
+
+  NodePtr root_;
+  std::vector<Frame> stack_;
+  std::vector<uint64_t> offsets_;  // logical offsets of finished subtrees not yet claimed
+  Copy copy_;
+  uint64_t logical_ = 0;
+  uint64_t nodes_ = 0;
+  bool started_ = false;
+};
+
+// ---------------------------------------------------------------- checker
+
+// Checks a stream block by block, and records where each NODES payload lies.
+struct StreamChecker {
+  std::string tree;
+  uint64_t version = 0;
+  uint64_t next_sequence = 0;
+  uint64_t physical = 0;  // stream bytes accepted
+  uint64_t logical = 0;   // body bytes accepted
+  uint64_t nodes = 0;
+  bool begun = false;
+  bool complete = false;
+  Xxh3 hash;
+  std::vector<uint64_t> open;  // logical offsets of subtrees no parent has claimed yet
+  std::vector<NodeImage::Block> blocks;
+  uint64_t digest = 0;
+
+  static Status Bad(const std::string& why) { return Status::Corruption("snapshot: " + why); }
+
+  // A varint from [*p, end): false if cut short or longer than 64 bits.
+  static inline bool Varint(const char** p, const char* end, uint64_t* v) {
+    const char* q = *p;
+    if (q < end && static_cast<uint8_t>(*q) < 0x80) [[likely]] {
+      *v = static_cast<uint8_t>(*q);
+      *p = q + 1;
+      return true;
+    }
+    uint64_t result = 0;
+    for (int shift = 0, i = 0; i < 10; ++i, shift += 7) {
+      if (q == end) return false;
+      uint8_t byte = static_cast<uint8_t>(*q++);
+      if (i == 9 && byte > 1) return false;
+      result |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *v = result;
+        *p = q;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Checks the records of one NODES payload (at logical offset `logical`):
+  // syntax, key order, and that each child reference names exactly the
+  // subtree that precedes it (post-order).
+  Status CheckRecords(const char* p, const char* end) {
+    const char* const start = p;
+    while (p < end) {
+      const char* rec = p;
+      uint64_t attr_count, len, child_count;
+      if (!Varint(&p, end, &attr_count)) return BadAt(rec, start, "record cut short");
+      const char* prev_key = nullptr;
+      uint64_t prev_len = 0;
+      for (uint64_t i = 0; i < attr_count; ++i) {
+        if (!Varint(&p, end, &len) || len > static_cast<uint64_t>(end - p)) return BadAt(rec, start, "record cut short");
+        const char* key = p;
+        p += len;
+        if (prev_key != nullptr &&
+            !(std::string_view(prev_key, prev_len) < std::string_view(key, len))) {
+          return BadAt(rec, start, "attribute keys not strictly increasing");
+        }
+        prev_key = key;
+        prev_len = len;
+        if (!Varint(&p, end, &len) || len > static_cast<uint64_t>(end - p)) return BadAt(rec, start, "record cut short");
+        p += len;
+      }
+      if (!Varint(&p, end, &child_count)) return BadAt(rec, start, "record cut short");
+      uint64_t at = logical + static_cast<uint64_t>(rec - start);
+      if (child_count > 0) {
+        if (child_count > open.size()) return BadAt(rec, start, "claims more children than precede it");
+        size_t base = open.size() - static_cast<size_t>(child_count);
+        for (size_t j = base; j < open.size(); ++j) {
+          uint64_t delta;
+          if (!Varint(&p, end, &delta)) return BadAt(rec, start, "record cut short");
+          if (at - delta != open[j] || delta == 0 || delta > at) {
+            return BadAt(rec, start, "a child reference does not name the subtree before it");
+          }
+        }
+        open.resize(base);
+      }
+      open.push_back(at);
+      ++nodes;
+    }
+    return Status::Ok();
+  }
+  Status BadAt(const char* rec, const char* start, const char* why) const {
+    return Bad(std::string("record at body offset ") + std::to_string(logical + static_cast<uint64_t>(rec - start)) +
+               ": " + why);
+  }
+
+  Status AddBlock(std::string_view block) {
+    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(block));
+    if (len != block.size()) {
+      return Status::Corruption("snapshot block: length field says " + std::to_string(len) + " bytes, have " +
+                                std::to_string(block.size()));
+    }
+    if (DecodeFixed32(block.data() + len - 4) != crc32c::Value(block.data(), len - 4)) {
+      return Status::Corruption("snapshot block " + std::to_string(next_sequence) + ": CRC32C mismatch");
+    }
+    uint8_t kind = static_cast<uint8_t>(block[8]);
+    uint64_t seq = DecodeFixed64(block.data() + 9);
+    if (seq != next_sequence) {
+      return Status::Corruption("snapshot block: sequence " + std::to_string(seq) + ", expected " +
+                                std::to_string(next_sequence));
+    }
+    if (complete) return Bad("block after TAIL");
+    std::string_view payload = block.substr(kChunkHeaderBytes, len - kChunkOverheadBytes);
+    ByteReader r(payload);
+    switch (kind) {
+      case kBlockHead: {
+        if (begun) return Bad("second HEAD block");
+        CANOPY_ASSIGN_OR_RETURN(std::string_view name, r.ReadLengthPrefixed(1024));
+        CANOPY_ASSIGN_OR_RETURN(uint64_t v, r.ReadFixed64());
+        if (!r.empty()) return Bad("trailing bytes in HEAD");
+        tree = std::string(name);
+        version = v;
+        begun = true;
+        break;
+      }
+      case kBlockNodes: {
+        if (!begun) return Bad("NODES before HEAD");
+        if (payload.empty()) return Bad("empty NODES block");
+        CANOPY_RETURN_IF_ERROR(CheckRecords(payload.data(), payload.data() + payload.size()));
+        hash.Update(payload.data(), payload.size());
+        blocks.push_back({logical, physical + kChunkHeaderBytes, payload.size()});
+        logical += payload.size();
+        break;
+      }
+      case kBlockTail: {
+        if (!begun) return Bad("TAIL before HEAD");
+        CANOPY_ASSIGN_OR_RETURN(uint64_t want_nodes, r.ReadFixed64());
+        CANOPY_ASSIGN_OR_RETURN(uint64_t want_bytes, r.ReadFixed64());
+        CANOPY_ASSIGN_OR_RETURN(uint64_t want_digest, r.ReadFixed64());
+        if (!r.empty()) return Bad("trailing bytes in TAIL");
+        if (open.size() != 1) return Bad("TAIL before the tree is complete (" + std::to_string(open.size()) + " subtrees without a parent)");
+        if (want_nodes != nodes || want_bytes != logical) {
+          return Bad("TAIL says " + std::to_string(want_nodes) + " nodes / " + std::to_string(want_bytes) +
+                     " bytes, stream had " + std::to_string(nodes) + " / " + std::to_string(logical));
+        }
+        if (want_digest != hash.Digest()) return Bad("digest mismatch");
+        digest = want_digest;
+        complete = true;
+        break;
+      }
+      default:
+        return Status::Corruption("snapshot block: unknown kind " + std::to_string(kind));
+    }
+    ++next_sequence;
+    physical += len;
+    return Status::Ok();
+  }
+
+  NodeImage::Summary Summary() const {
+    NodeImage::Summary s;
+    s.tree = tree;
+    s.version = version;
+    s.nodes = nodes;
+    s.body_bytes = logical;
+    s.digest = digest;
+    s.root = open.empty() ? 0 : open.back();
+    return s;
+  }
+};
+
+Version VersionOver(const NodeImagePtr& img) {
+  return Version(img->summary().tree, img->summary().version, NodeImageAccess::Root(img));
+}
+
+// Checks a whole stream held at [data, data + size).
+Status CheckWhole(const char* data, size_t size, StreamChecker* checker) {
+  size_t off = 0;
+  while (off < size && !checker->complete) {
+    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(std::string_view(data + off, size - off)));
+    if (len > size - off) return Status::Corruption("snapshot: truncated block at byte " + std::to_string(off));
+    CANOPY_RETURN_IF_ERROR(checker->AddBlock(std::string_view(data + off, len)));
+    off += len;
+  }
+  if (!checker->complete) return Status::Corruption("snapshot stream ended before its TAIL block");
+  if (off != size) return Status::Corruption("snapshot: bytes after the TAIL block");
+  return Status::Ok();
+}
+
+Status ErrnoError(int err, const std::string& what) {
+  return Status::IOError(what + ": " + std::strerror(err));
+}
+
+// Maps `path` read-only (whole file).
+Result<std::pair<const char*, size_t>> MapFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) return Status::NotFound(path + ": no such file");
+    return ErrnoError(err, "open " + path);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoError(err, "fstat " + path);
+  }
+  size_t size = static_cast<size_t>(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return Status::Corruption(path + ": empty snapshot file");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) return ErrnoError(err, "mmap " + path);
+  return std::make_pair(static_cast<const char*>(p), size);
+}
+
 }  // namespace
 
+// ---------------------------------------------------------------- digests, framing
+
 uint64_t TreeDigest(const NodePtr& root) {
-  BodyWalker walker(root.get());
+  NodeImagePtr img;
+  uint64_t at;
+  if (NodeImageAccess::Source(*root, &img, &at) && at == img->summary().root) return img->summary().digest;
+  BodyEncoder enc(root);
   Xxh3 hash;
   std::string buf;
-  while (!walker.finished()) {
+  constexpr size_t kPiece = 256 << 10;
+  for (;;) {
     buf.clear();
-    walker.Fill(&buf, 64 << 10);
-    hash.Update(buf);
+    auto step = enc.Fill(&buf, 0, kPiece, SIZE_MAX);
+    hash.Update(buf.data(), buf.size());
+    if (!step.ok() || *step == BodyEncoder::Step::kDone) break;
   }
   return hash.Digest();
 }
 
 Result<size_t> SnapshotChunkLength(std::string_view prefix) {
-  if (prefix.size() < 8) return Status::Corruption("snapshot chunk: truncated header");
-  if (DecodeFixed32(prefix.data()) != kSnapshotMagic) return Status::Corruption("snapshot chunk: bad magic");
+  if (prefix.size() < 8) return Status::Corruption("snapshot block: truncated header");
+  uint32_t magic = DecodeFixed32(prefix.data());
+  if (magic != kSnapshotMagic) {
+    if (magic == kLegacySnapshotMagic) {
+      return Status::Corruption("snapshot is in format " + std::to_string(kLegacySnapshotFormat) +
+                                " (CSN1 chunks); this canopy reads format " + std::to_string(kSnapshotFormat) +
+                                " (CBK1 blocks)");
+    }
+    return Status::Corruption("snapshot block: bad magic (not format " + std::to_string(kSnapshotFormat) +
+                              ", CBK1)");
+  }
   uint32_t len = DecodeFixed32(prefix.data() + 4);
   if (len < kChunkOverheadBytes || len > kMaxSnapshotChunkBytes) {
-    return Status::Corruption("snapshot chunk: implausible length " + std::to_string(len));
+    return Status::Corruption("snapshot block: implausible length " + std::to_string(len));
   }
   return static_cast<size_t>(len);
 }
@@ -118,60 +449,61 @@ Result<size_t> SnapshotChunkLength(std::string_view prefix) {
 struct SnapshotWriter::Impl {
   Impl(Version v, size_t max_chunk)
       : version(std::move(v)),
-        max_payload(std::clamp(max_chunk, kMinSnapshotChunkBytes, kMaxSnapshotChunkBytes) -
-                    kChunkOverheadBytes),
-        walker(version.root().get()) {}
-
-  // Fills in the header of a chunk whose payload already follows a
-  // kChunkHeaderBytes placeholder in *c, and appends the CRC.
-  void Seal(std::string* c, uint8_t kind) {
-    WriteHeader(c, kind);
-    PutFixed32(c, crc32c::Value(*c));
+        limit(std::clamp(max_chunk, kMinSnapshotChunkBytes, kMaxSnapshotChunkBytes) - 4),
+        encoder(version.root()) {
+    // The untouched root of an image of this very tree and version: its
+    // blocks are the stream, byte for byte (no encoding, no CRC to compute).
+    uint64_t at;
+    if (NodeImageAccess::Source(*version.root(), &verbatim, &at) &&
+        (at != verbatim->summary().root || verbatim->summary().tree != version.tree() ||
+         verbatim->summary().version != version.number())) {
+      verbatim.reset();
+    }
   }
-  void WriteHeader(std::string* c, uint8_t kind) {
+
+  void Seal(std::string* c, uint8_t kind) {
     EncodeFixed32(c->data(), kSnapshotMagic);
     EncodeFixed32(c->data() + 4, static_cast<uint32_t>(c->size() + 4));
     (*c)[8] = static_cast<char>(kind);
     EncodeFixed64(c->data() + 9, next_sequence++);
+    PutFixed32(c, crc32c::Value(c->data(), c->size()));
   }
-  // Seals a NODES chunk: the body digest and the chunk CRC in one pass over
-  // the payload, a cache-sized piece at a time (two passes over a 1 MiB
-  // chunk would each stream it from memory).
+  // Seals a NODES block: the body digest and the CRC in one pass over the
+  // payload, a cache-sized piece at a time.
   void SealNodes(std::string* c) {
-    WriteHeader(c, kChunkNodes);
+    EncodeFixed32(c->data(), kSnapshotMagic);
+    EncodeFixed32(c->data() + 4, static_cast<uint32_t>(c->size() + 4));
+    (*c)[8] = static_cast<char>(kBlockNodes);
+    EncodeFixed64(c->data() + 9, next_sequence++);
     uint32_t crc = crc32c::Value(c->data(), kChunkHeaderBytes);
-    std::string_view payload(c->data() + kChunkHeaderBytes, c->size() - kChunkHeaderBytes);
     constexpr size_t kPiece = 32 << 10;
-    for (size_t off = 0; off < payload.size(); off += kPiece) {
-      std::string_view piece = payload.substr(off, kPiece);
-      hash.Update(piece);
-      crc = crc32c::Extend(crc, piece.data(), piece.size());
+    for (size_t off = kChunkHeaderBytes; off < c->size(); off += kPiece) {
+      size_t n = std::min(kPiece, c->size() - off);
+      hash.Update(c->data() + off, n);
+      crc = crc32c::Extend(crc, c->data() + off, n);
     }
-    body_bytes += payload.size();
     PutFixed32(c, crc);
   }
-
-  // A new chunk buffer: header placeholder, then `carry` (body bytes left over).
-  // Reuses the buffer a NextInto caller handed back, if any.
-  std::string Fresh(std::string_view carry) {
+  std::string Fresh() {
     std::string c = std::move(spare);
     spare = std::string();
     c.clear();
-    c.reserve(kChunkOverheadBytes + std::max(max_payload, carry.size()) + 256);
+    c.reserve(limit + 4);
     c.assign(kChunkHeaderBytes, '\0');
-    c.append(carry);
     return c;
   }
 
   Version version;
-  size_t max_payload;
-  BodyWalker walker;
+  size_t limit;  // block bytes before the CRC
+  BodyEncoder encoder;
+  NodeImagePtr verbatim;  // set when the stream is this image's bytes
+  size_t verbatim_at = 0;
   Xxh3 hash;
-  std::string building;  // header placeholder + body bytes of the next NODES chunk
-  std::string spare;     // a buffer to reuse (from NextInto)
-  uint64_t body_bytes = 0;
+  std::string spare;
+  Status status;
   uint64_t next_sequence = 0;
   bool began = false;
+  bool body_done = false;
   bool done = false;
 };
 
@@ -179,50 +511,51 @@ SnapshotWriter::SnapshotWriter(Version version, size_t max_chunk_bytes)
     : impl_(std::make_unique<Impl>(std::move(version), max_chunk_bytes)) {}
 SnapshotWriter::~SnapshotWriter() = default;
 bool SnapshotWriter::done() const { return impl_->done; }
+const Status& SnapshotWriter::status() const { return impl_->status; }
 uint64_t SnapshotWriter::chunks_emitted() const { return impl_->next_sequence; }
 
 std::optional<std::string> SnapshotWriter::Next() {
   Impl& m = *impl_;
-  if (m.done) return std::nullopt;
-  if (!m.began) {
-    m.began = true;
-    std::string c = m.Fresh({});
-    PutLengthPrefixed(&c, m.version.tree());
-    PutFixed64(&c, m.version.number());
-    m.Seal(&c, kChunkBegin);
-    m.building = m.Fresh({});
+  if (m.done || !m.status.ok()) return std::nullopt;
+  std::string c = m.Fresh();
+  if (m.verbatim) {
+    const char* at = m.verbatim->data() + m.verbatim_at;
+    size_t len = DecodeFixed32(at + 4);  // checked when the image was opened
+    c.assign(at, len);
+    m.verbatim_at += len;
+    ++m.next_sequence;
+    if (m.verbatim_at == m.verbatim->size()) m.done = true;
     return c;
   }
-  const size_t limit = kChunkHeaderBytes + m.max_payload;
-  // Records are encoded straight into the chunk buffer; whatever passes the
-  // payload limit is carried into the next chunk.
-  if (m.building.size() < limit && !m.walker.finished()) m.walker.Fill(&m.building, limit);
-  if (m.building.size() > kChunkHeaderBytes) {
-    std::string next;
-    if (m.building.size() > limit) {
-      next = m.Fresh(std::string_view(m.building).substr(limit));
-      m.building.resize(limit);
-    } else {
-      next = m.Fresh({});
-    }
-    std::string chunk = std::move(m.building);
-    m.building = std::move(next);
-    m.SealNodes(&chunk);
-    return chunk;
+  if (!m.began) {
+    m.began = true;
+    PutLengthPrefixed(&c, m.version.tree());
+    PutFixed64(&c, m.version.number());
+    m.Seal(&c, kBlockHead);
+    return c;
   }
-  std::string c = m.Fresh({});
-  PutFixed64(&c, m.walker.nodes());
-  PutFixed64(&c, m.body_bytes);
+  if (!m.body_done) {
+    auto step = m.encoder.Fill(&c, kChunkHeaderBytes, m.limit, kMaxSnapshotChunkBytes - 4);
+    if (!step.ok()) {
+      m.status = step.status();
+      return std::nullopt;
+    }
+    if (*step == BodyEncoder::Step::kDone) m.body_done = true;
+    if (c.size() > kChunkHeaderBytes) {
+      m.SealNodes(&c);
+      return c;
+    }
+  }
+  PutFixed64(&c, m.encoder.nodes());
+  PutFixed64(&c, m.encoder.body_bytes());
   PutFixed64(&c, m.hash.Digest());
-  m.Seal(&c, kChunkEnd);
+  m.Seal(&c, kBlockTail);
   m.done = true;
-  m.building.clear();
-  m.building.shrink_to_fit();
   return c;
 }
 
 bool SnapshotWriter::NextInto(std::string* chunk) {
-  if (impl_->done) return false;
+  if (impl_->done || !impl_->status.ok()) return false;
   impl_->spare = std::move(*chunk);
   auto next = Next();
   if (!next) return false;
@@ -235,7 +568,7 @@ Status WriteSnapshot(const Version& version, size_t max_chunk_bytes,
   SnapshotWriter writer(version, max_chunk_bytes);
   std::string chunk;
   while (writer.NextInto(&chunk)) CANOPY_RETURN_IF_ERROR(sink(chunk));
-  return Status::Ok();
+  return writer.status();
 }
 
 std::vector<std::string> EncodeSnapshotChunks(const Version& version, size_t max_chunk_bytes) {
@@ -247,249 +580,76 @@ std::vector<std::string> EncodeSnapshotChunks(const Version& version, size_t max
 
 // ---------------------------------------------------------------- reader
 
-namespace {
-
-enum class Parse { kOk, kNeedMore, kBad };
-
-struct Cursor {
-  const char* p;
-  const char* end;
-};
-
-Parse ParseVarint(Cursor* c, uint64_t* v) {
-  uint64_t result = 0;
-  for (int shift = 0, i = 0; i < 10; ++i, shift += 7) {
-    if (c->p == c->end) return Parse::kNeedMore;
-    uint8_t byte = static_cast<uint8_t>(*c->p++);
-    if (i == 9 && byte > 1) return Parse::kBad;  // would overflow 64 bits
-    result |= static_cast<uint64_t>(byte & 0x7f) << shift;
-    if ((byte & 0x80) == 0) {
-      *v = result;
-      return Parse::kOk;
-    }
-  }
-  return Parse::kBad;
-}
-
-Parse ParseBytes(Cursor* c, std::string_view* out) {
-  uint64_t len;
-  Parse r = ParseVarint(c, &len);
-  if (r != Parse::kOk) return r;
-  if (len > static_cast<uint64_t>(c->end - c->p)) {
-    // A length beyond any chunk we could ever accept is corruption, not "need more".
-    return len > (uint64_t{1} << 40) ? Parse::kBad : Parse::kNeedMore;
-  }
-  *out = std::string_view(c->p, static_cast<size_t>(len));
-  c->p += len;
-  return Parse::kOk;
-}
-
-struct Record {
-  std::vector<AttributePtr> attributes;
-  uint64_t child_count = 0;
-};
-
-// Parses one node record from the front of `in`. On kOk sets *consumed.
-// kNeedMore when the record continues past the end of `in` (nothing is
-// copied for a value that is not complete yet).
-Parse ParseRecord(std::string_view in, Record* rec, size_t* consumed, std::string* why) {
-  Cursor c{in.data(), in.data() + in.size()};
-  uint64_t attr_count;
-  Parse r = ParseVarint(&c, &attr_count);
-  if (r != Parse::kOk) return r;
-  std::string_view prev_key;
-  for (uint64_t i = 0; i < attr_count; ++i) {
-    std::string_view key, value;
-    if ((r = ParseBytes(&c, &key)) != Parse::kOk) return r;
-    if ((r = ParseBytes(&c, &value)) != Parse::kOk) return r;
-    if (i > 0 && !(prev_key < key)) {
-      *why = "attribute keys not strictly increasing";
-      return Parse::kBad;
-    }
-    prev_key = key;
-    rec->attributes.push_back(AttributeBlob::Make(key, value));
-  }
-  if ((r = ParseVarint(&c, &rec->child_count)) != Parse::kOk) return r;
-  *consumed = static_cast<size_t>(c.p - in.data());
-  return Parse::kOk;
-}
-
-}  // namespace
-
 struct SnapshotReader::Impl {
-  struct Frame {
-    std::vector<AttributePtr> attributes;
-    std::vector<NodePtr> children;
-    uint64_t expected = 0;
-  };
-
+  explicit Impl(Keep k) : keep(k) {}
+  Keep keep;
+  StreamChecker checker;
+  std::string bytes;
   Status error;
-  std::string tree;
-  uint64_t version = 0;
-  uint64_t next_sequence = 0;
-  bool begun = false;
-  bool complete = false;
-
-  std::string pending;  // body bytes not yet parsed (an incomplete record)
-  std::vector<Frame> stack;
-  NodePtr root;
-  uint64_t nodes = 0;
-  uint64_t body_bytes = 0;
-  Xxh3 hash;
-
-  Status Fail(Status s) {
-    error = std::move(s);
-    return error;
-  }
-
-  // Attaches a finished node to its parent, finishing parents in turn.
-  void Complete(NodePtr node) {
-    for (;;) {
-      if (stack.empty()) {
-        root = std::move(node);
-        return;
-      }
-      Frame& top = stack.back();
-      top.children.push_back(std::move(node));
-      if (top.children.size() < top.expected) return;
-      node = Node::Make(std::move(top.attributes), std::move(top.children));
-      stack.pop_back();
-    }
-  }
-
-  // Parses whole records from the front of `in`; returns how many bytes they took.
-  Result<size_t> ParseRecords(std::string_view in) {
-    size_t off = 0;
-    while (off < in.size()) {
-      if (root) return Status::Corruption("snapshot: bytes after the last node");
-      Record rec;
-      size_t used = 0;
-      std::string why;
-      Parse r = ParseRecord(in.substr(off), &rec, &used, &why);
-      if (r == Parse::kNeedMore) break;  // the rest of this record is in the next chunk
-      if (r == Parse::kBad) {
-        return Status::Corruption("snapshot: bad node record" + (why.empty() ? "" : ": " + why));
-      }
-      off += used;
-      ++nodes;
-      if (rec.child_count == 0) {
-        Complete(Node::Make(std::move(rec.attributes), std::vector<NodePtr>{}));
-      } else {
-        stack.push_back(Frame{std::move(rec.attributes), {}, rec.child_count});
-      }
-    }
-    return off;
-  }
-
-  Status AddBody(std::string_view payload) {
-    if (pending.empty()) {
-      // Common case: parse straight from the chunk, keep only an incomplete tail.
-      CANOPY_ASSIGN_OR_RETURN(size_t used, ParseRecords(payload));
-      pending.assign(payload.substr(used));
-      return Status::Ok();
-    }
-    pending.append(payload);
-    CANOPY_ASSIGN_OR_RETURN(size_t used, ParseRecords(pending));
-    pending.erase(0, used);
-    return Status::Ok();
-  }
-
-  Status AddChunk(std::string_view chunk) {
-    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(chunk));
-    if (len != chunk.size()) {
-      return Status::Corruption("snapshot chunk: length field says " + std::to_string(len) + " bytes, have " +
-                                std::to_string(chunk.size()));
-    }
-    uint8_t kind = static_cast<uint8_t>(chunk[8]);
-    // The CRC is checked before anything in the chunk is used. For NODES
-    // chunks the body digest is computed in the same pass (into a copy of the
-    // hash state, kept only if the CRC matches).
-    std::string_view payload = chunk.substr(kChunkHeaderBytes, len - kChunkOverheadBytes);
-    uint32_t crc = crc32c::Value(chunk.data(), kChunkHeaderBytes);
-    std::optional<Xxh3> body_hash;
-    if (kind == kChunkNodes && begun && !complete) {
-      body_hash.emplace(hash);
-      constexpr size_t kPiece = 32 << 10;
-      for (size_t off = 0; off < payload.size(); off += kPiece) {
-        std::string_view piece = payload.substr(off, kPiece);
-        body_hash->Update(piece);
-        crc = crc32c::Extend(crc, piece.data(), piece.size());
-      }
-    } else {
-      crc = crc32c::Extend(crc, payload.data(), payload.size());
-    }
-    if (DecodeFixed32(chunk.data() + len - 4) != crc) {
-      return Status::Corruption("snapshot chunk " + std::to_string(next_sequence) + ": CRC32C mismatch");
-    }
-    uint64_t seq = DecodeFixed64(chunk.data() + 9);
-    if (seq != next_sequence) {
-      return Status::Corruption("snapshot chunk: sequence " + std::to_string(seq) + ", expected " +
-                                std::to_string(next_sequence));
-    }
-    if (complete) return Status::Corruption("snapshot chunk after END");
-    ByteReader r(payload);
-    switch (kind) {
-      case kChunkBegin: {
-        if (begun) return Status::Corruption("snapshot: second BEGIN chunk");
-        CANOPY_ASSIGN_OR_RETURN(std::string_view name, r.ReadLengthPrefixed());
-        CANOPY_ASSIGN_OR_RETURN(uint64_t v, r.ReadFixed64());
-        if (!r.empty()) return Status::Corruption("snapshot: trailing bytes in BEGIN");
-        tree = std::string(name);
-        version = v;
-        begun = true;
-        break;
-      }
-      case kChunkNodes: {
-        if (!begun) return Status::Corruption("snapshot: NODES before BEGIN");
-        hash = std::move(*body_hash);
-        body_bytes += payload.size();
-        CANOPY_RETURN_IF_ERROR(AddBody(payload));
-        break;
-      }
-      case kChunkEnd: {
-        if (!begun) return Status::Corruption("snapshot: END before BEGIN");
-        CANOPY_ASSIGN_OR_RETURN(uint64_t want_nodes, r.ReadFixed64());
-        CANOPY_ASSIGN_OR_RETURN(uint64_t want_bytes, r.ReadFixed64());
-        CANOPY_ASSIGN_OR_RETURN(uint64_t want_digest, r.ReadFixed64());
-        if (!r.empty()) return Status::Corruption("snapshot: trailing bytes in END");
-        if (!root || !pending.empty() || !stack.empty()) {
-          return Status::Corruption("snapshot: END before the tree is complete");
-        }
-        if (want_nodes != nodes || want_bytes != body_bytes) {
-          return Status::Corruption("snapshot: END says " + std::to_string(want_nodes) + " nodes / " +
-                                    std::to_string(want_bytes) + " bytes, stream had " +
-                                    std::to_string(nodes) + " / " + std::to_string(body_bytes));
-        }
-        if (want_digest != hash.Digest()) return Status::Corruption("snapshot: digest mismatch");
-        complete = true;
-        break;
-      }
-      default:
-        return Status::Corruption("snapshot chunk: unknown kind " + std::to_string(kind));
-    }
-    ++next_sequence;
-    return Status::Ok();
-  }
 };
 
-SnapshotReader::SnapshotReader() : impl_(std::make_unique<Impl>()) {}
+SnapshotReader::SnapshotReader(Keep keep) : impl_(std::make_unique<Impl>(keep)) {}
 SnapshotReader::~SnapshotReader() = default;
-bool SnapshotReader::begun() const { return impl_->begun; }
-const std::string& SnapshotReader::tree() const { return impl_->tree; }
-uint64_t SnapshotReader::version() const { return impl_->version; }
-bool SnapshotReader::complete() const { return impl_->complete; }
+bool SnapshotReader::begun() const { return impl_->checker.begun; }
+const std::string& SnapshotReader::tree() const { return impl_->checker.tree; }
+uint64_t SnapshotReader::version() const { return impl_->checker.version; }
+bool SnapshotReader::complete() const { return impl_->checker.complete; }
+uint64_t SnapshotReader::bytes() const { return impl_->checker.physical; }
 
 Status SnapshotReader::AddChunk(std::string_view chunk) {
-  if (!impl_->error.ok()) return impl_->error;
-  Status s = impl_->AddChunk(chunk);
-  if (!s.ok()) return impl_->Fail(std::move(s));
-  return s;
+  Impl& m = *impl_;
+  if (!m.error.ok()) return m.error;
+  Status s = m.checker.AddBlock(chunk);
+  if (!s.ok()) return m.error = std::move(s);
+  if (m.keep == Keep::kBytes) m.bytes.append(chunk);
+  return Status::Ok();
 }
 
 Result<Version> SnapshotReader::Finish() {
-  if (!impl_->error.ok()) return impl_->error;
-  if (!impl_->complete) return impl_->Fail(Status::Corruption("snapshot stream ended before its END chunk"));
-  return Version(impl_->tree, impl_->version, impl_->root);
+  Impl& m = *impl_;
+  if (!m.error.ok()) return m.error;
+  if (m.keep != Keep::kBytes) return Status::InvalidArgument("SnapshotReader::Finish: the bytes were not kept");
+  if (!m.checker.complete) return m.error = Status::Corruption("snapshot stream ended before its TAIL block");
+  NodeImagePtr img =
+      NodeImage::FromBuffer(std::move(m.bytes), std::move(m.checker.blocks), m.checker.Summary());
+  m.error = Status::InvalidArgument("SnapshotReader already finished");
+  return VersionOver(img);
+}
+
+Result<Version> SnapshotReader::FinishFromFile(const std::string& path) {
+  Impl& m = *impl_;
+  if (!m.error.ok()) return m.error;
+  if (!m.checker.complete) return m.error = Status::Corruption("snapshot stream ended before its TAIL block");
+  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path));
+  if (mapped.second != m.checker.physical) {
+    ::munmap(const_cast<char*>(mapped.first), mapped.second);
+    return Status::Corruption(path + ": holds " + std::to_string(mapped.second) + " bytes, the stream had " +
+                              std::to_string(m.checker.physical));
+  }
+  NodeImagePtr img =
+      NodeImage::FromMapping(mapped.first, mapped.second, std::move(m.checker.blocks), m.checker.Summary());
+  m.error = Status::InvalidArgument("SnapshotReader already finished");
+  return VersionOver(img);
+}
+
+Result<Version> OpenSnapshotImage(std::string bytes) {
+  StreamChecker checker;
+  CANOPY_RETURN_IF_ERROR(CheckWhole(bytes.data(), bytes.size(), &checker));
+  NodeImagePtr img = NodeImage::FromBuffer(std::move(bytes), std::move(checker.blocks), checker.Summary());
+  return VersionOver(img);
+}
+
+Result<Version> OpenSnapshotFile(const std::string& path) {
+  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path));
+  StreamChecker checker;
+  Status s = CheckWhole(mapped.first, mapped.second, &checker);
+  if (!s.ok()) {
+    ::munmap(const_cast<char*>(mapped.first), mapped.second);
+    return s.WithContext(path);
+  }
+  NodeImagePtr img =
+      NodeImage::FromMapping(mapped.first, mapped.second, std::move(checker.blocks), checker.Summary());
+  return VersionOver(img);
 }
 
 Result<Version> DecodeSnapshotChunks(const std::vector<std::string>& chunks) {

@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "base/coding.h"
 #include "base/file.h"
 #include "base/logging.h"
+#include "tree/legacy_snapshot.h"
 #include "tree/wal_impl.h"
 
 namespace canopy::tree {
@@ -194,6 +196,11 @@ struct TreeState {
   uint64_t generation = 0;  // bumped when a snapshot install replaces the tree
   Status failed;            // non-ok: read-only until reopen
   uint64_t checkpoint_version = 0;
+  // NewestCheckpoint's answer, opened in place; valid while its number is
+  // checkpoint_version and generation is newest_checkpoint_generation.
+  // Guarded by maintenance_mu.
+  std::optional<Version> newest_checkpoint;
+  uint64_t newest_checkpoint_generation = 0;
   uint64_t commits_since_checkpoint = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
@@ -282,15 +289,15 @@ Status WriteCheckpointFile(const std::string& path, const Version& v, size_t chu
   return s;
 }
 
-// Reads and fully verifies a checkpoint file.
-Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree, uint64_t version) {
+// Reads and fully verifies a format 1 (CSN1) checkpoint file.
+Result<Version> LoadLegacyCheckpoint(const std::string& path) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path);
-  SnapshotReader reader;
+  csn1::SnapshotReader reader;
   while (!reader.complete()) {
     CANOPY_ASSIGN_OR_RETURN(std::string_view head, in.Peek(8));
     if (head.empty()) break;
-    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(head));
+    CANOPY_ASSIGN_OR_RETURN(size_t len, csn1::SnapshotChunkLength(head));
     if (len > in.remaining()) return Status::Corruption(path + ": truncated chunk");
     CANOPY_ASSIGN_OR_RETURN(std::string_view chunk, in.Peek(len));
     if (chunk.size() < len) return Status::Corruption(path + ": truncated chunk");
@@ -300,8 +307,49 @@ Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree,
   CANOPY_ASSIGN_OR_RETURN(Version v, reader.Finish());
   CANOPY_ASSIGN_OR_RETURN(std::string_view rest, in.Peek(1));
   if (!rest.empty()) return Status::Corruption(path + ": bytes after the END chunk");
-  if (v.tree() != tree || v.number() != version) {
-    return Status::Corruption(path + ": holds tree '" + v.tree() + "' version " + std::to_string(v.number()));
+  return v;
+}
+
+// Opens a checkpoint file in place (format 2), fully checked. A format 1
+// file is decoded, rewritten in format 2 under the same name (atomically)
+// and then opened in place; should the rewrite fail, the decoded tree is
+// still returned (the file stays in format 1 and is migrated next time).
+Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree, uint64_t version) {
+  uint32_t magic = 0;
+  {
+    CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+    char head[4];
+    ssize_t n = ::pread(fd.get(), head, sizeof head, 0);
+    if (n < 0) return ErrnoStatus(errno, "read " + path);
+    if (n < 4) return Status::Corruption(path + ": truncated checkpoint (" + std::to_string(n) + " bytes)");
+    magic = DecodeFixed32(head);
+  }
+  Result<Version> v = Status::Corruption("");
+  if (magic == kSnapshotMagic) {
+    v = OpenSnapshotFile(path);
+  } else if (magic == kLegacySnapshotMagic) {
+    v = LoadLegacyCheckpoint(path);
+    if (v.ok() && v->tree() == tree && v->number() == version) {
+      Status s = WriteCheckpointFile(path, *v, kDefaultSnapshotChunkBytes);
+      if (s.ok()) {
+        CANOPY_LOG(kInfo, "{}: migrated from checkpoint format {} (CSN1) to format {} (CBK1)", path,
+                   kLegacySnapshotFormat, kSnapshotFormat);
+        v = OpenSnapshotFile(path);
+      } else {
+        CANOPY_LOG(kWarn, "{}: format {} (CSN1) checkpoint read, but not migrated to format {}: {}", path,
+                   kLegacySnapshotFormat, kSnapshotFormat, s.ToString());
+      }
+    }
+  } else {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", magic);
+    return Status::Corruption(path + ": not a checkpoint this canopy can read (magic 0x" + hex +
+                              "); it reads format " + std::to_string(kSnapshotFormat) +
+                              " (CBK1) and migrates format " + std::to_string(kLegacySnapshotFormat) + " (CSN1)");
+  }
+  if (!v.ok()) return v.status();
+  if (v->tree() != tree || v->number() != version) {
+    return Status::Corruption(path + ": holds tree '" + v->tree() + "' version " + std::to_string(v->number()));
   }
   return v;
 }
@@ -325,7 +373,7 @@ class InstallerImpl final : public SnapshotInstaller {
   std::string dir_;  // private directory under <store>/tmp
   std::string path_;
   UniqueFd file_;
-  SnapshotReader reader_;
+  SnapshotReader reader_{SnapshotReader::Keep::kNothing};
   Status error_;
   bool finished_ = false;
 };
@@ -601,6 +649,28 @@ class StoreImpl final : public Store {
   Result<uint64_t> Checkpoint(std::string_view tree) override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
     return CheckpointTree(*t);
+  }
+
+  Result<Version> NewestCheckpoint(std::string_view tree) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::lock_guard mlk(t->maintenance_mu);  // no checkpoint written, deleted or installed meanwhile
+    uint64_t cv, generation;
+    {
+      std::lock_guard lk(t->mu);
+      cv = t->checkpoint_version;
+      generation = t->generation;
+    }
+    if (t->newest_checkpoint && t->newest_checkpoint->number() == cv &&
+        t->newest_checkpoint_generation == generation) {
+      return *t->newest_checkpoint;
+    }
+    t->newest_checkpoint.reset();
+    std::string path = JoinPath(t->dir, CheckpointName(cv));
+    if (::access(path.c_str(), F_OK) != 0) return Status::NotFound(TreeLabel(*t) + ": no checkpoint file");
+    CANOPY_ASSIGN_OR_RETURN(Version v, LoadCheckpoint(path, t->name, cv));
+    t->newest_checkpoint = v;
+    t->newest_checkpoint_generation = generation;
+    return v;
   }
 
   Status TruncateWalBefore(std::string_view tree, uint64_t version) override {
@@ -1234,11 +1304,19 @@ Status InstallerImpl::AddChunk(std::string_view chunk) {
 Result<Version> InstallerImpl::Finish() {
   if (!error_.ok()) return error_;
   if (finished_) return Status::InvalidArgument("snapshot install already finished");
-  auto v = reader_.Finish();
-  if (!v.ok()) return error_ = v.status().WithContext("installing a snapshot of tree '" + tree_ + "'");
+  if (!reader_.complete()) {
+    return error_ = Status::Corruption("snapshot stream ended before its TAIL block")
+                        .WithContext("installing a snapshot of tree '" + tree_ + "'");
+  }
   // The one sync of the whole install: the file, then its directory.
   Status s = FsyncFd(file_.get(), path_);
   file_.Reset();
+  // Every block was checked as it arrived: the file is used in place.
+  Result<Version> v = Status::Corruption("");
+  if (s.ok()) {
+    v = reader_.FinishFromFile(path_);
+    if (!v.ok()) s = v.status();
+  }
   if (s.ok()) s = FsyncDir(dir_);
   if (s.ok()) s = store_->PublishInstall(tree_, dir_, *v);
   if (!s.ok()) return error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");

@@ -293,6 +293,15 @@ class Store {
   // window from) and the oldest one after it (the next base), and deletes
   // the others.
   virtual Result<uint64_t> Checkpoint(std::string_view tree) = 0;
+
+  // The tree's newest checkpoint, as a Version read in place from its file
+  // (lazy nodes over the mapped, fully checked checkpoint; a SnapshotWriter
+  // over it hands out the file's blocks as they are, encoding nothing).
+  // This is what a snapshot sender streams, followed by the deltas after it:
+  // the WAL after the newest checkpoint is never truncated. NotFound if the
+  // tree has no checkpoint file. Kept open until a newer checkpoint or a
+  // snapshot install replaces it.
+  virtual Result<Version> NewestCheckpoint(std::string_view tree) = 0;
   // Deletes WAL segments that hold only deltas with new_version <= `version`.
   // Only deltas covered by a durable checkpoint are ever deleted: `version`
   // is clamped to the newest checkpoint's version, and to the version of the

@@ -1,0 +1,313 @@
+// The block format used in place (tree/snapshot.h format 2, lazy nodes in
+// tree/node.h): opening checks everything and builds nothing per node;
+// nodes decode on first touch; encoders copy untouched subtrees; forged
+// structure behind valid CRCs is refused; format 1 directories migrate.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "base/coding.h"
+#include "base/crc32c.h"
+#include "tests/testing/test_util.h"
+#include "tree/legacy_snapshot.h"
+#include "tree/snapshot.h"
+#include "tree/store.h"
+#include "tree/transaction.h"
+
+namespace canopy::tree {
+namespace {
+
+using canopy::testing::TempDir;
+
+Version RandomTree(int nodes, uint64_t seed, size_t max_value = 40) {
+  std::mt19937_64 rng(seed);
+  Transaction txn(Version("rand", 0, Node::Empty()));
+  std::vector<NodePath> paths{{}};
+  for (int i = 1; i < nodes; ++i) {
+    const NodePath& parent = paths[rng() % paths.size()];
+    auto child = txn.AppendChild(parent);
+    EXPECT_TRUE(child.ok());
+    int attrs = static_cast<int>(rng() % 4);
+    for (int a = 0; a < attrs; ++a) {
+      std::string key = "k" + std::to_string(rng() % 10);
+      EXPECT_TRUE(txn.PutAttribute(*child, key, testing::RandomBytes(rng() % (max_value + 1), rng())).ok());
+    }
+    paths.push_back(*child);
+  }
+  return Version("rand", 7, txn.root());
+}
+
+std::string Join(const std::vector<std::string>& chunks) {
+  std::string all;
+  for (const auto& c : chunks) all += c;
+  return all;
+}
+
+// A block with a valid CRC around `payload` (for forging structure).
+std::string Block(uint8_t kind, uint64_t seq, std::string_view payload) {
+  std::string b(kChunkHeaderBytes, '\0');
+  b += payload;
+  EncodeFixed32(b.data(), kSnapshotMagic);
+  EncodeFixed32(b.data() + 4, static_cast<uint32_t>(b.size() + 4));
+  b[8] = static_cast<char>(kind);
+  EncodeFixed64(b.data() + 9, seq);
+  PutFixed32(&b, crc32c::Value(b));
+  return b;
+}
+
+std::string HeadPayload() {
+  std::string p;
+  PutLengthPrefixed(&p, "t");
+  PutFixed64(&p, 1);
+  return p;
+}
+
+TEST(TreeBlocks, OpenedTreeIsLazyUntilTouched) {
+  Version v = RandomTree(2000, 11);
+  auto opened = OpenSnapshotImage(Join(EncodeSnapshotChunks(v, 4096)));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  const NodePtr& root = opened->root();
+  EXPECT_TRUE(root->lazy());
+  // The digest of an untouched image is its checked digest: still lazy.
+  EXPECT_EQ(opened->Digest(), v.Digest());
+  EXPECT_TRUE(root->lazy());
+  ASSERT_GT(root->child_count(), 0u);  // decodes the root only
+  EXPECT_FALSE(root->lazy());
+  const NodePtr& first = root->child(0);
+  if (first != Node::Empty()) EXPECT_TRUE(first->lazy());
+  EXPECT_TRUE(TreesEqual(root, v.root()));
+  EXPECT_EQ(CountNodes(root), CountNodes(v.root()));
+  EXPECT_EQ(opened->Digest(), v.Digest());
+}
+
+TEST(TreeBlocks, EncodingAnOpenedTreeCopiesItsBytesAndEditsStayCorrect) {
+  Version v = RandomTree(3000, 12, 200);
+  auto chunks = EncodeSnapshotChunks(v, 8192);
+  auto opened = OpenSnapshotImage(Join(chunks));
+  ASSERT_TRUE(opened.ok());
+  // Untouched: the same body (the digest is of the body), whatever the block size.
+  auto again = OpenSnapshotImage(Join(EncodeSnapshotChunks(*opened, 1 << 20)));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->Digest(), v.Digest());
+  EXPECT_TRUE(TreesEqual(again->root(), v.root()));
+
+  // Edit the opened tree and the original the same way: the bodies (hence
+  // digests) agree; block cuts may differ, as copied runs are cut at the
+  // source's block boundaries.
+  std::mt19937_64 rng(5);
+  Transaction a(*opened), b(v);
+  for (int i = 0; i < 40; ++i) {
+    NodePath path;
+    const Node* n = a.root().get();
+    while (n->child_count() > 0 && rng() % 3 != 0) {
+      uint64_t k = rng() % n->child_count();
+      path.push_back(k);
+      n = n->child(k).get();
+    }
+    std::string val = std::to_string(i);
+    ASSERT_TRUE(a.PutAttribute(path, "edit", val).ok());
+    ASSERT_TRUE(b.PutAttribute(path, "edit", val).ok());
+    if (i % 5 == 0) {
+      ASSERT_TRUE(a.AppendChild(path).ok());
+      ASSERT_TRUE(b.AppendChild(path).ok());
+    }
+  }
+  Version ea("rand", 8, a.root()), eb("rand", 8, b.root());
+  EXPECT_EQ(ea.Digest(), eb.Digest());
+  auto ca = EncodeSnapshotChunks(ea, 8192);
+  auto back = DecodeSnapshotChunks(ca);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Digest(), eb.Digest());
+  EXPECT_TRUE(TreesEqual(back->root(), eb.root()));
+  // The original opened version is unchanged by the edits.
+  EXPECT_TRUE(TreesEqual(opened->root(), v.root()));
+}
+
+TEST(TreeBlocks, EveryFlipAndTruncationOfAWholeImageIsCaught) {
+  Version v = RandomTree(60, 13);
+  std::string all = Join(EncodeSnapshotChunks(v, 256));
+  ASSERT_TRUE(OpenSnapshotImage(all).ok());
+  for (size_t i = 0; i < all.size(); ++i) {
+    std::string bad = all;
+    bad[i] ^= 0x20;
+    ASSERT_FALSE(OpenSnapshotImage(bad).ok()) << "flip of byte " << i << " went unnoticed";
+  }
+  for (size_t n = 0; n < all.size(); ++n) {
+    ASSERT_FALSE(OpenSnapshotImage(all.substr(0, n)).ok()) << "cut to " << n << " bytes went unnoticed";
+  }
+  EXPECT_FALSE(OpenSnapshotImage(all + "x").ok());
+}
+
+TEST(TreeBlocks, ForgedStructureBehindValidCrcsIsRefused) {
+  auto open = [](const std::string& nodes, uint64_t count) {
+    std::string tail;
+    PutFixed64(&tail, count);
+    PutFixed64(&tail, nodes.size());
+    PutFixed64(&tail, 0);  // the digest is checked last: structure errors come first
+    return OpenSnapshotImage(Block(1, 0, HeadPayload()) + Block(2, 1, nodes) + Block(3, 2, tail));
+  };
+  // leaf, then a parent whose delta points into the middle of the leaf.
+  std::string leaf = std::string("\x01\x01k\x01v\x00", 6);
+  EXPECT_TRUE(open(leaf + std::string("\x00\x01\x03", 3), 2).status().IsCorruption());
+  // A parent claiming two children where one precedes it.
+  EXPECT_TRUE(open(leaf + std::string("\x00\x02\x06\x06", 4), 2).status().IsCorruption());
+  // A child delta of zero (itself) and one past the start.
+  EXPECT_TRUE(open(leaf + std::string("\x00\x01\x00", 3), 2).status().IsCorruption());
+  EXPECT_TRUE(open(leaf + std::string("\x00\x01\x07", 3), 2).status().IsCorruption());
+  // Two roots (no parent claims the leaf).
+  EXPECT_TRUE(open(leaf + std::string("\x00\x00", 2), 2).status().IsCorruption());
+  // Keys out of order, a record cut at the block end.
+  EXPECT_TRUE(open(std::string("\x02\x01" "b\x00\x01" "a\x00\x00", 8), 1).status().IsCorruption());
+  EXPECT_TRUE(open(std::string("\x01\x05" "ab", 4), 1).status().IsCorruption());
+  // A record spanning two blocks is refused even though each block is sound.
+  std::string tail;
+  PutFixed64(&tail, 1);
+  PutFixed64(&tail, 6);
+  PutFixed64(&tail, 0);
+  auto split = OpenSnapshotImage(Block(1, 0, HeadPayload()) + Block(2, 1, leaf.substr(0, 3)) +
+                                 Block(2, 2, leaf.substr(3)) + Block(3, 3, tail));
+  EXPECT_TRUE(split.status().IsCorruption());
+  // The well-formed stream with the wrong digest.
+  auto good = open(leaf + std::string("\x00\x01\x06", 3), 2);
+  EXPECT_TRUE(good.status().IsCorruption());
+  EXPECT_NE(good.status().message().find("digest"), std::string::npos) << good.status().ToString();
+}
+
+TEST(TreeBlocks, ManyThreadsReadOneLazyTree) {
+  Version v = RandomTree(5000, 14);
+  auto opened = OpenSnapshotImage(Join(EncodeSnapshotChunks(v, 4096)));
+  ASSERT_TRUE(opened.ok());
+  const uint64_t want = CountNodes(v.root());
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      if (CountNodes(opened->root()) != want || !TreesEqual(opened->root(), v.root())) ++bad;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(TreeBlocks, OpenSnapshotFileReadsInPlaceAndNamesFormatOne) {
+  TempDir tmp;
+  Version v = RandomTree(500, 15);
+  std::string path = tmp.File("checkpoint.snap");
+  std::ofstream(path, std::ios::binary) << Join(EncodeSnapshotChunks(v));
+  auto opened = OpenSnapshotFile(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::filesystem::remove(path);  // the mapping outlives the name
+  EXPECT_TRUE(TreesEqual(opened->root(), v.root()));
+
+  std::string old = tmp.File("old.snap");
+  std::ofstream(old, std::ios::binary) << Join(csn1::EncodeSnapshotChunks(v));
+  auto refused = OpenSnapshotFile(old);
+  ASSERT_TRUE(refused.status().IsCorruption());
+  EXPECT_NE(refused.status().message().find("format 1"), std::string::npos) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("format 2"), std::string::npos) << refused.status().ToString();
+}
+
+TEST(TreeBlocks, StoreMigratesFormatOneCheckpointsOnOpen) {
+  TempDir tmp;
+  Version v = RandomTree(800, 16);
+  StoreOptions o;
+  o.checkpoint_every_commits = 0;
+  uint64_t digest = 0;
+  {
+    auto store = Store::Open(tmp.path(), o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ASSERT_TRUE((*store)->CreateTree("rand").ok());
+  }
+  // A data directory as an older canopy left it: a CSN1 checkpoint at
+  // version 7 and no WAL after it.
+  std::string dir = tmp.path() + "/trees/rand";
+  for (const auto& e : std::filesystem::directory_iterator(dir)) std::filesystem::remove(e.path());
+  std::string path = dir + "/checkpoint-00000000000000000007.snap";
+  std::ofstream(path, std::ios::binary) << Join(csn1::EncodeSnapshotChunks(v));
+  digest = v.Digest();
+  {
+    auto store = Store::Open(tmp.path(), o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    auto latest = (*store)->Latest("rand");
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(latest->number(), 7u);
+    EXPECT_TRUE(TreesEqual(latest->root(), v.root()));
+    EXPECT_EQ(latest->Digest(), digest);
+  }
+  // The file is now format 2 and opens in place.
+  std::ifstream in(path, std::ios::binary);
+  char magic[4];
+  in.read(magic, 4);
+  EXPECT_EQ(DecodeFixed32(magic), kSnapshotMagic);
+  auto opened = OpenSnapshotFile(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  EXPECT_TRUE(TreesEqual(opened->root(), v.root()));
+
+  // A file of an unknown format is named as such (and skipped by Open).
+  std::string future = dir + "/checkpoint-00000000000000000009.snap";
+  std::ofstream(future, std::ios::binary) << "CBK9 and then some bytes";
+  auto store = Store::Open(tmp.path(), o);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_EQ((*store)->Latest("rand")->number(), 7u);
+}
+
+TEST(TreeBlocks, SnapshotIsTheCheckpointFileThenTheWalTail) {
+  TempDir leader_dir, replica_dir;
+  StoreOptions o;
+  o.checkpoint_every_commits = 0;
+  o.fsync = FsyncPolicy::kNone;
+  auto leader = Store::Open(leader_dir.path(), o);
+  ASSERT_TRUE(leader.ok());
+  ASSERT_TRUE((*leader)->CreateTree("t").ok());
+  auto commit = [&](int i) {
+    auto txn = (*leader)->Begin("t");
+    ASSERT_TRUE(txn.ok());
+    auto child = txn->AppendChild({});
+    ASSERT_TRUE(child.ok());
+    ASSERT_TRUE(txn->PutAttribute(*child, "n", std::to_string(i)).ok());
+    ASSERT_TRUE((*leader)->Commit(std::move(*txn)).ok());
+  };
+  for (int i = 1; i <= 30; ++i) commit(i);
+  EXPECT_TRUE((*leader)->NewestCheckpoint("t").status().IsNotFound());
+  ASSERT_TRUE((*leader)->Checkpoint("t").ok());
+  for (int i = 31; i <= 45; ++i) commit(i);
+
+  auto cp = (*leader)->NewestCheckpoint("t");
+  ASSERT_TRUE(cp.ok()) << cp.status().ToString();
+  EXPECT_EQ(cp->number(), 30u);
+  EXPECT_TRUE(cp->root()->lazy());
+  // The stream is the checkpoint file, byte for byte.
+  std::string file;
+  {
+    std::ifstream in(leader_dir.path() + "/trees/t/checkpoint-00000000000000000030.snap", std::ios::binary);
+    file.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto chunks = EncodeSnapshotChunks(*cp);
+  EXPECT_EQ(Join(chunks), file);
+
+  // A replica installs it and applies the WAL tail: it is then the leader's latest.
+  auto replica = Store::Open(replica_dir.path(), o);
+  ASSERT_TRUE(replica.ok());
+  auto inst = (*replica)->BeginSnapshotInstall("t");
+  ASSERT_TRUE(inst.ok());
+  for (const auto& c : chunks) ASSERT_TRUE((*inst)->AddChunk(c).ok());
+  auto installed = (*inst)->Finish();
+  ASSERT_TRUE(installed.ok()) << installed.status().ToString();
+  EXPECT_TRUE(installed->root()->lazy());  // served from the file, nothing decoded
+  auto tail = (*leader)->ReadDeltasSince("t", 30, 1 << 20);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  ASSERT_EQ(tail->size(), 15u);
+  for (const auto& d : *tail) ASSERT_TRUE((*replica)->ApplyEncodedDelta(d).ok());
+  EXPECT_EQ((*replica)->Latest("t")->Digest(), (*leader)->Latest("t")->Digest());
+  EXPECT_EQ((*replica)->Latest("t")->number(), 45u);
+  // A newer checkpoint replaces the cached one.
+  ASSERT_TRUE((*leader)->Checkpoint("t").ok());
+  EXPECT_EQ((*leader)->NewestCheckpoint("t")->number(), 45u);
+}
+
+}  // namespace
+}  // namespace canopy::tree
