@@ -363,6 +363,14 @@ std::optional<uint64_t> RunStream(const StreamContext& ctx, uint16_t index) {
     return std::nullopt;
   }
   if (!send_status.ok()) {
+    // When the receive fails first (e.g. the peer vanished: Unavailable),
+    // the receiver closes the connection to stop this sender, whose send then
+    // fails with our own close (Aborted): the receive error is the cause.
+    const Status& received = receiver.receive_error();
+    if (send_status.code() == StatusCode::kAborted && !received.ok() && received.code() != StatusCode::kAborted) {
+      ctx.state.Fail(Rank::kTransport, received.WithContext(where + "receive"));
+      return std::nullopt;
+    }
     ctx.state.Fail(send_status.code() == StatusCode::kAborted ? Rank::kAborted : Rank::kTransport,
                    send_status.WithContext(where + "send"));
     return std::nullopt;
