@@ -66,7 +66,12 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   EXPECT_TRUE(DecodeDeltaBatch(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());
   RoundTrip(Ack{"t", 2, 10}, &DecodeAck);
   RoundTrip(Ack{"t", 2, 10, 1}, &DecodeAck);
-  Heartbeat hb{"1", 42, {{"a", 1, 5}, {"b", 3, 0}}, {{"1", "tcp://127.0.0.1:1"}, {"2", "tcp://127.0.0.1:2"}}, "127.0.0.1:7101"};
+  Heartbeat hb;
+  hb.node_id = "1";
+  hb.sequence = 42;
+  hb.trees = {{"a", 1, 5}, {"b", 3, 0}};
+  hb.members = {{"1", "tcp://127.0.0.1:1"}, {"2", "tcp://127.0.0.1:2"}};
+  hb.raft_address = "127.0.0.1:7101";
   RoundTrip(hb, &DecodeHeartbeat);
   RoundTrip(ErrorMessage{StatusCode::kPermissionDenied, "wrong secret"}, &DecodeError);
 }

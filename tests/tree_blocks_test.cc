@@ -78,7 +78,9 @@ TEST(TreeBlocks, OpenedTreeIsLazyUntilTouched) {
   ASSERT_GT(root->child_count(), 0u);  // decodes the root only
   EXPECT_FALSE(root->lazy());
   const NodePtr& first = root->child(0);
-  if (first != Node::Empty()) EXPECT_TRUE(first->lazy());
+  if (first != Node::Empty()) {
+    EXPECT_TRUE(first->lazy());
+  }
   EXPECT_TRUE(TreesEqual(root, v.root()));
   EXPECT_EQ(CountNodes(root), CountNodes(v.root()));
   EXPECT_EQ(opened->Digest(), v.Digest());
