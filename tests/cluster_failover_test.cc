@@ -93,7 +93,9 @@ TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite
     c.Kill(old_leader);
     killed = true;
   });
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  // Scaled like the client's own timeout (cluster_harness.h): one commit that
+  // meets the kill may wait that long for its retry on the new leader.
+  auto deadline = std::chrono::steady_clock::now() + ScaledBound(std::chrono::seconds(30));
   size_t acked_at_kill = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     if (killed && acked_at_kill == 0) acked_at_kill = acked.size();
