@@ -122,6 +122,12 @@ TEST(ChaosProxyTest, ForwardsBytesExactlyWithoutFaults) {
   std::string data = testing::RandomBytes(8 << 20, 3);
   EXPECT_EQ(RoundTrip(fd, data), data);
   ::close(fd);
+  // The proxy counts a chunk after its write returns, which can be after the
+  // echo's last bytes reached us: wait (bounded) for the count to catch up.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (rp.proxy->counters().bytes_forwarded.load() < 2 * data.size() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_GE(rp.proxy->counters().bytes_forwarded.load(), 2 * data.size());
   EXPECT_EQ(rp.proxy->counters().corruptions.load(), 0u);
 }
