@@ -102,40 +102,49 @@ CommitReply Node::Impl::HandleCommit(const CommitRequest& req) {
   reply.duplicate = committed->duplicate;
   std::unique_lock<std::mutex> lock(mu);
   if (!committed->duplicate) stream_cvs[req.tree].notify_all();  // the leader's streams of the tree
-  // The replica set: the ring's owners, plus the leader while it is not
-  // one of them (after a ring change, until leadership moves).
-  CommitWaiter waiter;
-  waiter.version = reply.version;
-  waiter.owners = OwnersLocked(req.tree);
-  std::string leader = LeaderLocked(req.tree);
-  if (std::find(waiter.owners.begin(), waiter.owners.end(), leader) == waiter.owners.end())
-    waiter.owners.push_back(leader);
-  uint32_t need = RequiredAcks(req.level, static_cast<uint32_t>(waiter.owners.size()));
-  Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
-  // The leader's own durability under --fsync batch advances without a
-  // notification: poll it in short slices then; otherwise ACKs wake us.
-  const auto slice = store->options().fsync == tree::FsyncPolicy::kBatch ? std::chrono::milliseconds(5)
-                                                                        : std::chrono::milliseconds(100);
-  reply.acks = CountAcksLocked(req.tree, reply.version, waiter.owners);
-  if (reply.acks < need) {
-    auto& waiting = commit_waiters[req.tree];
-    auto slot = waiting.emplace(reply.version, &waiter);
-    while (true) {
-      reply.acks = CountAcksLocked(req.tree, reply.version, waiter.owners);
-      if (reply.acks >= need || deadline.expired() || stopping) break;
-      waiter.woken = false;
-      waiter.cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), slice),
-                         [&] { return waiter.woken || stopping.load(); });
-    }
-    waiting.erase(slot);
-    if (waiting.empty()) commit_waiters.erase(req.tree);
-  }
+  const std::vector<std::string> owners = ReplicaSetLocked(req.tree);
+  uint32_t need = RequiredAcks(req.level, static_cast<uint32_t>(owners.size()));
+  reply.acks = WaitForDurableLocked(lock, req.tree, reply.version, owners, need,
+                                    Deadline::After(std::chrono::milliseconds(req.timeout_ms)));
   if (reply.acks < need) {
     reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
         "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
         reply.version, req.tree, reply.acks, need, ConsistencyLevelName(req.level))));
   }
   return reply;
+}
+
+std::vector<std::string> Node::Impl::ReplicaSetLocked(const std::string& tree_name) const {
+  std::vector<std::string> owners = OwnersLocked(tree_name);
+  std::string leader = LeaderLocked(tree_name);
+  if (std::find(owners.begin(), owners.end(), leader) == owners.end()) owners.push_back(leader);
+  return owners;
+}
+
+uint32_t Node::Impl::WaitForDurableLocked(std::unique_lock<std::mutex>& lock, const std::string& tree_name,
+                                          uint64_t version, const std::vector<std::string>& owners, uint32_t need,
+                                          Deadline deadline) {
+  uint32_t acks = CountAcksLocked(tree_name, version, owners);
+  if (acks >= need) return acks;
+  CommitWaiter waiter;
+  waiter.version = version;
+  waiter.owners = owners;
+  // The leader's own durability under --fsync batch advances without a
+  // notification: poll it in short slices then; otherwise ACKs wake us.
+  const auto slice = store->options().fsync == tree::FsyncPolicy::kBatch ? std::chrono::milliseconds(5)
+                                                                        : std::chrono::milliseconds(100);
+  auto& waiting = commit_waiters[tree_name];
+  auto slot = waiting.emplace(version, &waiter);
+  while (true) {
+    acks = CountAcksLocked(tree_name, version, owners);
+    if (acks >= need || deadline.expired() || stopping) break;
+    waiter.woken = false;
+    waiter.cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), slice),
+                       [&] { return waiter.woken || stopping.load(); });
+  }
+  waiting.erase(slot);
+  if (waiting.empty()) commit_waiters.erase(tree_name);
+  return acks;
 }
 
 void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name) {

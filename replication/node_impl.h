@@ -29,9 +29,10 @@
 //   - `digest_mu` guards digest_cache only; never held with mu.
 //   - The store (tree::Store) has its own locking: call it with or without mu,
 //     but never block on the network while holding mu.
-//   - Each connection is owned by one thread (the one serving or dialing it);
-//     a leader stream uses two (LeadStream receives ACKs, SendStream sends),
-//     which the transport allows (one sender and one receiver at a time).
+//   - Each connection has one receiving thread (the one serving or dialing
+//     it). Senders may be several (Connection::Send is thread safe): a leader
+//     stream's SendStream beside LeadStream's ACK receiver, a client
+//     connection's CommitPipeline workers beside its reader.
 #pragma once
 
 #include <algorithm>
@@ -303,6 +304,13 @@ struct Node::Impl {
     bool woken = false;
   };
   std::map<std::string, std::multimap<uint64_t, CommitWaiter*>> commit_waiters;  // tree -> by version (mu)
+  // The tree's replica set: the ring's owners, plus the leader while it is
+  // not one of them (after a ring change, until leadership moves).
+  std::vector<std::string> ReplicaSetLocked(const std::string& tree_name) const;
+  // Waits (releasing mu meanwhile) until `need` of `owners` hold `version`
+  // durably, or `deadline`, or stop; returns how many hold it.
+  uint32_t WaitForDurableLocked(std::unique_lock<std::mutex>& lock, const std::string& tree_name, uint64_t version,
+                                const std::vector<std::string>& owners, uint32_t need, Deadline deadline);
   // Wakes the waiters of `tree_name` that the durable versions known now
   // may satisfy (call after an ACK moved one).
   void WakeCommitWaitersLocked(const std::string& tree_name);

@@ -141,9 +141,7 @@ Result<std::shared_ptr<const meta::ClusterState>> Node::Impl::MetaBarrier(Deadli
 }
 
 uint64_t Node::Impl::QuorumDurableLocked(const std::string& tree_name, uint32_t* replicas) {
-  auto owners = OwnersLocked(tree_name);
-  std::string leader = LeaderLocked(tree_name);
-  if (std::find(owners.begin(), owners.end(), leader) == owners.end()) owners.push_back(leader);
+  const std::vector<std::string> owners = ReplicaSetLocked(tree_name);
   std::vector<uint64_t> durable;
   auto& acked = trees[tree_name].acked;
   for (const auto& o : owners) {
@@ -196,11 +194,12 @@ SliceReply Node::Impl::SliceAtLeader(const SliceRequest& req) {
   uint32_t replicas = 0;
   {
     std::unique_lock<std::mutex> lock(mu);
-    while (true) {
-      committed = QuorumDurableLocked(req.tree, &replicas);
-      if (committed >= *arrived || deadline.expired() || stopping) break;
-      cv.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(5)));
-    }
+    // Woken by the ACKs that may bring a quorum to `arrived`, as a commit is.
+    const std::vector<std::string> owners = ReplicaSetLocked(req.tree);
+    (void)WaitForDurableLocked(lock, req.tree, *arrived, owners,
+                               RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size())),
+                               deadline);
+    committed = QuorumDurableLocked(req.tree, &replicas);
     if (!LeadsLocked(req.tree, nullptr) || LeadershipLocked(req.tree) != served) {
       reply.status = StatusReplyFields::From(
           Status::Unavailable(fmt::format("node {} lost the leadership of {} during a LEADER read", node_id, req.tree)));
