@@ -88,6 +88,11 @@ struct NodeOptions {
   // every founding node (used on the first start only).
   std::string raft_address;
   std::map<uint64_t, std::string> raft_members;
+  // On the metadata raft leader: when this node leads more trees than some
+  // other live voter, hand raft leadership to the voter leading the fewest
+  // (at most once per this interval; zero: never). A node that leads both a
+  // tree and the raft costs a failover a raft election too when it dies.
+  std::chrono::milliseconds raft_leader_rebalance_interval{1000};
 };
 
 class Node {

@@ -231,6 +231,10 @@ StatusReply Node::Impl::HandleStatus() {
   reply.node_id = node_id;
   reply.replication_factor = options.ring.replication_factor;
   reply.vnodes = options.ring.vnodes_per_node;
+  if (meta) {
+    uint64_t raft_leader = meta->RaftLeader().id;
+    if (raft_leader != 0) reply.raft_leader = std::to_string(raft_leader);
+  }
   std::vector<tree::Version> latest;  // parallel to reply.trees; digests filled in after mu is released
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -400,6 +400,7 @@ void Node::Impl::MaintenanceLoop() {
 
     StartReplicas();
     AddRaftMembers();
+    RebalanceRaftLeadership();
     ReapWorkers();
     auto elapsed = Clock::now() - round_start;
     if (elapsed < interval) {
@@ -441,6 +442,60 @@ void Node::Impl::AddRaftMembers() {
       raft_adds_pending.erase(id);
     });
   }
+}
+
+// On the raft leader: when this node leads more trees than a live voter
+// does, moves raft leadership to the voter that leads the fewest, so that
+// the death of a tree leader rarely also takes the raft leader with it (its
+// failover would wait for a raft election before the epoch CAS). Strictly
+// fewer, so leadership never bounces between equals; rate-limited against
+// churn of the tree leaders themselves.
+void Node::Impl::RebalanceRaftLeadership() {
+  auto interval = options.raft_leader_rebalance_interval;
+  if (!meta || interval.count() <= 0 || !meta->IsRaftLeader()) return;
+  uint64_t me = 0;
+  try {
+    me = std::stoull(node_id);
+  } catch (const std::exception&) {
+    return;
+  }
+  std::vector<uint64_t> voters;
+  for (const auto& m : meta->RaftMembers()) {
+    if (m.voter && m.id != me) voters.push_back(m.id);
+  }
+  uint64_t target = 0;
+  size_t mine = 0, fewest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto now = Clock::now();
+    if (raft_transfer_pending || now - last_raft_transfer < interval) return;
+    std::map<uint64_t, size_t> led;
+    for (const auto& [name, t] : meta_trees) ++led[t.leader_node];
+    mine = led[me];
+    if (mine == 0) return;
+    for (uint64_t v : voters) {
+      if (!AliveLocked(std::to_string(v))) continue;
+      size_t n = led.count(v) ? led[v] : 0;
+      if (n < mine && (target == 0 || n < fewest)) {
+        target = v;
+        fewest = n;
+      }
+    }
+    if (target == 0) return;
+    raft_transfer_pending = true;
+    last_raft_transfer = now;
+  }
+  Spawn([this, target, mine, fewest] {
+    Status s = meta->TransferLeadership(target, Deadline::After(std::chrono::seconds(5)));
+    if (s.ok()) {
+      CANOPY_LOG(kInfo, "node {}: handed metadata raft leadership to node {} (it leads {} trees, this node {})",
+                 node_id, target, fewest, mine);
+    } else {
+      CANOPY_LOG(kWarn, "node {}: metadata raft leadership to node {}: {}", node_id, target, s.ToString());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    raft_transfer_pending = false;
+  });
 }
 
 void Node::Impl::StartReplicas() {

@@ -156,6 +156,8 @@ struct Node::Impl {
   std::map<std::string, meta::TreeLeader> meta_trees;  // (mu)
   std::map<std::string, std::string> peer_raft;        // node id -> raft address (mu)
   std::set<std::string> raft_adds_pending;             // (mu)
+  bool raft_transfer_pending = false;                  // (mu)
+  Clock::time_point last_raft_transfer{};              // (mu)
 
   // ---- STATUS digests, guarded by digest_mu (never held with mu) ----
   // Digest() walks the whole tree; STATUS is polled, so each tree's digest
@@ -252,6 +254,7 @@ struct Node::Impl {
   // not in the raft group yet (a joining node started with --raft and no
   // --raft-peer).
   void AddRaftMembers();
+  void RebalanceRaftLeadership();
   // Starts a ReplicaLoop for every tree we own but do not lead.
   void StartReplicas();
   // Sets the per-tree and per-replica gauges (metrics_refresher).

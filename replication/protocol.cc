@@ -889,6 +889,7 @@ std::string Encode(const StatusReply& m) {
     w.U64(t.snapshots_received);
     w.U64(t.snapshots_sent);
   }
+  w.Bytes(m.raft_leader);
   return w.Finish();
 }
 Result<StatusReply> DecodeStatusReply(std::string_view payload) {
@@ -927,6 +928,7 @@ Result<StatusReply> DecodeStatusReply(std::string_view payload) {
     CANOPY_ASSIGN_OR_RETURN(t.snapshots_sent, r.U64());
     m.trees.push_back(std::move(t));
   }
+  CANOPY_ASSIGN_OR_RETURN(m.raft_leader, r.Bytes(kMaxNameBytes));
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

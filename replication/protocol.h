@@ -439,6 +439,9 @@ struct StatusReply {
   uint32_t replication_factor = 0;
   uint32_t vnodes = 0;
   std::vector<TreeStatus> trees;
+  // The metadata raft leader's node id as the answering node knows it;
+  // empty without a metadata raft or while it elects.
+  std::string raft_leader;
   bool operator==(const StatusReply&) const = default;
 };
 

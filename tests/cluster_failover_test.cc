@@ -3,6 +3,7 @@
 #include <set>
 #include <thread>
 
+#include "replication/ring.h"
 #include "tests/cluster_harness.h"
 
 namespace canopy::testing {
@@ -153,6 +154,87 @@ TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite
   ASSERT_TRUE(redirected.ok());
   EXPECT_EQ(redirected->status.code, StatusCode::kOk) << redirected->status.message;
   EXPECT_EQ(old_reader->connected_uri(), c.node(new_leader).uri);
+}
+
+// A node that leads both a tree and the metadata raft would cost a failover
+// a raft election too when it dies: the raft leader hands raft leadership to
+// a live voter that leads fewer trees.
+TEST(ClusterFailoverTest, RaftLeadershipMovesOffTheOnlyTreeLeader) {
+  TestCluster c;
+  c.EnableRaft(3);
+  for (size_t i = 0; i < 3; ++i) {
+    c.AddNode();
+    ASSERT_TRUE(c.Start(i));
+  }
+  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+
+  // Every node names the same raft leader.
+  std::optional<replication::StatusReply> status;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::set<std::string> named;
+        for (size_t i = 0; i < 3; ++i) {
+          auto s = c.GetStatus(i);
+          if (!s || s->raft_leader.empty()) return false;
+          named.insert(s->raft_leader);
+          status = s;
+        }
+        return named.size() == 1;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(0);
+  const std::string raft_leader = status->raft_leader;
+
+  // A tree whose ring leader is the raft leader: then the raft leader leads
+  // one tree and the other two none.
+  replication::Ring ring(replication::RingOptions{status->vnodes, status->replication_factor});
+  for (const auto& n : status->nodes) ASSERT_TRUE(ring.AddNode(n.node_id).ok());
+  std::string name;
+  for (int i = 0; i < 1000 && name.empty(); ++i) {
+    std::string candidate = "raft-led-" + std::to_string(i);
+    if (ring.Owners(candidate).front() == raft_leader) name = candidate;
+  }
+  ASSERT_FALSE(name.empty());
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree(name);
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(0);
+  auto t = c.TreeState(c.IndexOfId(raft_leader), name);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->leader, raft_leader);
+
+  // Raft leadership moves to another node; the tree's does not.
+  std::string moved_to;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto s = c.GetStatus(c.IndexOfId(raft_leader));
+        if (!s || s->raft_leader.empty() || s->raft_leader == raft_leader) return false;
+        moved_to = s->raft_leader;
+        return true;
+      },
+      std::chrono::seconds(20)))
+      << c.Log(c.IndexOfId(raft_leader));
+  EXPECT_NE(c.Log(c.IndexOfId(raft_leader)).find("handed metadata raft leadership to node " + moved_to),
+            std::string::npos)
+      << c.Log(c.IndexOfId(raft_leader));
+  t = c.TreeState(c.IndexOfId(raft_leader), name);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->leader, raft_leader);
+  EXPECT_EQ(t->epoch, 1u);
+
+  // The new raft leader leads no tree, so it keeps raft leadership: a while
+  // later every node still names it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (size_t i = 0; i < 3; ++i) {
+    auto s = c.GetStatus(i);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->raft_leader, moved_to) << "node " << i + 1;
+  }
 }
 
 TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {

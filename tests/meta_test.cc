@@ -564,6 +564,44 @@ TEST(MetadataServiceTest, LeaderFailoverAndCatchUp) {
   EXPECT_FALSE(back->IsRaftLeader() && back->RaftLeader().id != old_id);
 }
 
+TEST(MetadataServiceTest, LeadershipTransfersToTheChosenVoter) {
+  Cluster c(3);
+  {
+    Status st = c.StartAll();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  MetadataService* leader = c.WaitForLeader();
+  ASSERT_NE(leader, nullptr);
+  auto e1 = leader->CompareAndSetLeader("t", 0, leader->node_id(), 5, Deadline::After(10s));
+  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+
+  // Bad targets are refused without touching leadership.
+  EXPECT_TRUE(leader->TransferLeadership(leader->node_id(), Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
+  EXPECT_TRUE(leader->TransferLeadership(0, Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
+  EXPECT_TRUE(leader->TransferLeadership(99, Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
+  uint64_t target = 0;
+  for (auto* s : c.Running()) {
+    if (s != leader) {
+      // A follower is not the leader: nothing to hand over.
+      EXPECT_TRUE(s->TransferLeadership(leader->node_id(), Deadline::After(5s)).IsUnavailable());
+      target = s->node_id();
+      break;
+    }
+  }
+  ASSERT_NE(target, 0u);
+
+  Status moved = leader->TransferLeadership(target, Deadline::After(10s));
+  ASSERT_TRUE(moved.ok()) << moved.ToString();
+  EXPECT_FALSE(leader->IsRaftLeader());
+  MetadataService* next = c.Node(target);
+  EXPECT_TRUE(WaitUntil([&] { return next->IsRaftLeader(); }, kElectionWait));
+  // The state survived the hand-over and the new leader commits.
+  auto e2 = next->ProposeWithRetry(CasLeaderCmd{"t", 1, target, 6}, Deadline::After(10s));
+  ASSERT_TRUE(e2.ok()) << e2.status().ToString();
+  ASSERT_TRUE(e2->status.ok()) << e2->status.ToString();
+  EXPECT_EQ(e2->epoch, 2u);
+}
+
 TEST(MetadataServiceTest, MinorityLeaderCannotCommit) {
   Cluster c(3);
   {

@@ -107,6 +107,7 @@ TEST(ProtocolTest, ClientMessagesRoundTrip) {
   t.snapshots_received = 1;
   t.snapshots_sent = 2;
   s.trees.push_back(t);
+  s.raft_leader = "2";
   RoundTrip(s, &DecodeStatusReply);
   RoundTrip(CreateTreeRequest{"t"}, &DecodeCreateTreeRequest);
   RoundTrip(CreateTreeReply{{}, "1", {"1", "2", "3"}}, &DecodeCreateTreeReply);

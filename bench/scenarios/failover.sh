@@ -58,11 +58,14 @@ done
 raft_peers=()
 for i in 1 2 3; do raft_peers+=(--raft-peer "$i=127.0.0.1:${ports[$((i + 2))]}"); done
 uri_of() { echo "tcp://127.0.0.1:${ports[$(($1 - 1))]}"; }
+# FAILOVER_NODE_ARGS: extra `canopy node` flags for an A/B by hand, e.g.
+# "--raft-rebalance-ms 0" (the raft leader stays where it was elected).
+read -ra node_extra <<< "${FAILOVER_NODE_ARGS:-}"
 start_node() {
   local i=$1 seeds=() j
   for j in 1 2 3; do ((j == i)) || seeds+=(--seed "$(uri_of "$j")"); done
   "$canopy" node --listen "$(uri_of "$i")" --data "$work/canopy$i" --node-id "$i" --fsync always "${common[@]}" \
-    --raft "127.0.0.1:${ports[$((i + 2))]}" "${raft_peers[@]}" "${seeds[@]}" --log info \
+    --raft "127.0.0.1:${ports[$((i + 2))]}" "${raft_peers[@]}" "${seeds[@]}" --log info "${node_extra[@]}" \
     >> "$work/canopy$i.log" 2>&1 &
   node_pid[$i]=$!
 }
@@ -281,7 +284,8 @@ jq -n --argjson comparisons "$comparisons" --argjson cs "$cs" --argjson es "$es"
     title: "Write unavailability after the leader is SIGKILLed (3 nodes, QUORUM)",
     path: "tcp://127.0.0.1 (kernel loopback): client -> canopy nodes; peer links and the metadata raft on loopback too; data on BENCH_WORK (tmpfs), fsync always",
     params: { kills: $kills, nodes: 3, rf: 3, consistency: "QUORUM", settle_after_restart_s: $settle,
-              canopy_defaults: "--heartbeat-ms 100 --failure-ms 1500 --raft-election-ms 150",
+              canopy_defaults: "--heartbeat-ms 100 --failure-ms 1500 --raft-election-ms 150 --raft-rebalance-ms 1000",
+              canopy_extra_args: (env.FAILOVER_NODE_ARGS // ""),
               goal: "canopy p99 <= 500 ms (issue 18); etcd default election timeout 1000 ms" },
     comparisons: $comparisons,
     details: { canopy_windows_ms: $cs, canopy_p50_ms: ($c50 | tonumber), canopy_p99_ms: ($c99 | tonumber),

@@ -182,6 +182,7 @@ class MetadataService::Impl {
   std::string forward_address() const { return forward_server_ ? forward_server_->address() : ""; }
   Status AddMember(uint64_t id, const std::string& address, Deadline deadline);
   Status RemoveMember(uint64_t id, Deadline deadline);
+  Status TransferLeadership(uint64_t target, Deadline deadline);
 
   ClusterState ReadLocal() const {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -234,6 +235,13 @@ class MetadataService::Impl {
     void Abort(const Status& s) override { done->Set(s); }
   };
 
+  struct TransferRequest final : PendingRequest {
+    struct raft_transfer req {};
+    Impl* impl = nullptr;
+    std::shared_ptr<Completion<Done>> done;
+    void Abort(const Status& s) override { done->Set(s); }
+  };
+
   // raft_fsm callbacks (loop thread).
   static int FsmApply(raft_fsm* fsm, const raft_buffer* buf, void** result);
   static int FsmSnapshot(raft_fsm* fsm, raft_buffer* bufs[], unsigned* n_bufs);
@@ -243,6 +251,7 @@ class MetadataService::Impl {
   static void OnApplied(struct raft_apply* req, int status, void* result);
   static void OnBarrier(struct raft_barrier* req, int status);
   static void OnChange(raft_change* req, int status);
+  static void OnTransfer(struct raft_transfer* req);
   static void OnWake(uv_async_t* handle);
   static void OnTimer(uv_timer_t* handle);
   static void OnRaftClosed(raft* r);
@@ -954,6 +963,59 @@ Status MetadataService::Impl::RemoveMember(uint64_t id, Deadline deadline) {
   return r.ok() ? Status::Ok() : r.status();
 }
 
+Status MetadataService::Impl::TransferLeadership(uint64_t target, Deadline deadline) {
+  if (target == 0 || target == options_.node_id) {
+    return Status::InvalidArgument(fmt::format("TransferLeadership: {} is not another member", target));
+  }
+  auto done = std::make_shared<Completion<Done>>();
+  Post([this, done, target](bool run) {
+    if (!run) {
+      done->Set(Status::Aborted("metadata service stopping"));
+      return;
+    }
+    if (raft_state(&raft_) != RAFT_LEADER) {
+      done->Set(NotLeaderStatus());
+      return;
+    }
+    auto* req = new TransferRequest;
+    req->req.data = req;
+    req->impl = this;
+    req->done = done;
+    int rv = raft_transfer(&raft_, &req->req, target, &Impl::OnTransfer);
+    if (rv != 0) {
+      Status s = rv == RAFT_BADID
+                     ? Status::InvalidArgument(fmt::format("TransferLeadership: node {} is not a voter", target))
+                     : RaftStatus(rv, fmt::format("TransferLeadership to {}", target), raft_.errmsg);
+      done->Set(rv == RAFT_NOTLEADER ? NotLeaderStatus() : s);
+      delete req;
+      return;
+    }
+    Track(req);
+  });
+  auto r = done->Wait(deadline, "TransferLeadership");
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+// raft calls this once the transfer ended: the target won (this node has
+// stepped down), or one election timeout passed, or this node stopped.
+void MetadataService::Impl::OnTransfer(struct raft_transfer* r) {
+  auto* req = static_cast<TransferRequest*>(r->data);
+  Impl* self = req->impl;
+  self->Untrack(req);
+  // The view first: a caller woken below must not read the old LEADER state.
+  self->RefreshView();
+  if (self->closing_) {
+    req->done->Set(Status::Aborted("metadata service stopping"));
+  } else if (raft_state(&self->raft_) == RAFT_LEADER) {
+    req->done->Set(Status::Unavailable(
+        fmt::format("leadership transfer to node {} did not complete; node {} is still the metadata leader",
+                    r->id, self->options_.node_id)));
+  } else {
+    req->done->Set(Done{});
+  }
+  delete req;
+}
+
 void MetadataService::Impl::OnChange(raft_change* r, int status) {
   auto* req = static_cast<ChangeRequest*>(r->data);
   Impl* self = req->impl;
@@ -1088,6 +1150,10 @@ Status MetadataService::AddMember(uint64_t id, const std::string& raft_address, 
 }
 Status MetadataService::RemoveMember(uint64_t id, Deadline deadline) {
   return impl_->RemoveMember(id, deadline);
+}
+
+Status MetadataService::TransferLeadership(uint64_t target, Deadline deadline) {
+  return impl_->TransferLeadership(target, deadline);
 }
 
 Result<ApplyOutcome> MetadataService::Propose(const CommandBody& command, Deadline deadline) {

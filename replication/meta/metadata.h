@@ -129,6 +129,15 @@ class MetadataService {
   // Removes a node from the raft group (raft_remove). Leader only. The data-
   // plane entry (members map) is separate: mark it kLeft with SetMember.
   Status RemoveMember(uint64_t id, Deadline deadline);
+  // Hands raft leadership to voter `target` (raft_transfer: it is brought up
+  // to date, then told to start an election at once). Used to move the raft
+  // leader off a node whose death would also cost a tree failover. Leader
+  // only. Returns once leadership left this node (Ok), or Unavailable when
+  // this node is not the leader or is still the leader when raft gave up
+  // (after one election timeout), InvalidArgument when `target` is not a
+  // voter other than this node, Timeout, Aborted. Proposals arriving during
+  // the transfer fail with Unavailable, which ProposeWithRetry rides out.
+  Status TransferLeadership(uint64_t target, Deadline deadline);
 
   // ---- proposals (leader only) ----
   // Appends one command (forwarded to the leader when on a follower with

@@ -166,7 +166,7 @@ int RunNode(int argc, char** argv) {
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
-  uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150;
+  uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
   size_t http_workers = 32;
@@ -211,6 +211,9 @@ int RunNode(int argc, char** argv) {
        "refused connection is evidence at once)")
       ("raft-election-ms", po::value(&raft_election_ms)->default_value(150),
        "metadata raft election timeout (randomized in [t, 2t); its heartbeat is t/5)")
+      ("raft-rebalance-ms", po::value(&raft_rebalance_ms)->default_value(1000),
+       "the metadata raft leader hands raft leadership to a live voter that leads fewer trees, at most once "
+       "per this many ms (0: never), so that one crash rarely costs both a tree failover and a raft election")
       ("install-fsync", po::value(&install_fsync)->default_value("finish"),
        "snapshot installs (replica catch-up, node join): finish (one fsync per tree once it is complete) or "
        "each-chunk (fsync after every received chunk; for benchmarks)")
@@ -300,6 +303,7 @@ int RunNode(int argc, char** argv) {
   if (heartbeat_ms == 0 || failure_ms <= heartbeat_ms) throw UsageError("need 0 < --heartbeat-ms < --failure-ms");
   if (raft_election_ms < 10) throw UsageError("--raft-election-ms must be at least 10");
   o.raft_election_timeout = std::chrono::milliseconds(raft_election_ms);
+  o.raft_leader_rebalance_interval = std::chrono::milliseconds(raft_rebalance_ms);
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -610,6 +614,7 @@ int RunStatus(int argc, char** argv) {
     j["node"] = r->node_id;
     j["replication_factor"] = r->replication_factor;
     j["vnodes"] = r->vnodes;
+    j["raft_leader"] = r->raft_leader;
     j["nodes"] = nlohmann::json::array();
     for (const auto& n : r->nodes) j["nodes"].push_back({{"id", n.node_id}, {"uri", n.uri}, {"alive", n.alive}});
     j["trees"] = nlohmann::json::array();
@@ -622,7 +627,8 @@ int RunStatus(int argc, char** argv) {
     std::cout << j.dump() << "\n";
     return 0;
   }
-  std::cout << "node " << r->node_id << " (rf " << r->replication_factor << ", vnodes " << r->vnodes << ")\n";
+  std::cout << "node " << r->node_id << " (rf " << r->replication_factor << ", vnodes " << r->vnodes
+            << (r->raft_leader.empty() ? "" : ", metadata raft leader " + r->raft_leader) << ")\n";
   for (const auto& n : r->nodes) std::cout << "  member " << n.node_id << " " << n.uri << (n.alive ? " alive" : " DEAD") << "\n";
   for (const auto& t : r->trees) {
     std::cout << "  tree " << t.tree << ": leader " << t.leader << " epoch " << t.epoch << ", here " << t.role
