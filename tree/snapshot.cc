@@ -295,26 +295,10 @@ struct StreamChecker {
       return Status::Corruption("snapshot block: length field says " + std::to_string(len) + " bytes, have " +
                                 std::to_string(block.size()));
     }
-    uint8_t kind = static_cast<uint8_t>(block[8]);
-    // A NODES payload feeds the digest too: CRC and digest in one pass, a
-    // cache-sized piece at a time (the digest of a block whose CRC fails is
-    // never used: the checker is dead after any error).
-    const bool nodes_block = kind == kBlockNodes && begun && !complete;
-    uint32_t crc;
-    if (nodes_block) {
-      crc = crc32c::Value(block.data(), kChunkHeaderBytes);
-      constexpr size_t kPiece = 32 << 10;
-      for (size_t off = kChunkHeaderBytes; off < len - 4; off += kPiece) {
-        size_t n = std::min(kPiece, len - 4 - off);
-        crc = crc32c::Extend(crc, block.data() + off, n);
-        hash.Update(block.data() + off, n);
-      }
-    } else {
-      crc = crc32c::Value(block.data(), len - 4);
-    }
-    if (DecodeFixed32(block.data() + len - 4) != crc) {
+    if (DecodeFixed32(block.data() + len - 4) != crc32c::Value(block.data(), len - 4)) {
       return Status::Corruption("snapshot block " + std::to_string(next_sequence) + ": CRC32C mismatch");
     }
+    uint8_t kind = static_cast<uint8_t>(block[8]);
     uint64_t seq = DecodeFixed64(block.data() + 9);
     if (seq != next_sequence) {
       return Status::Corruption("snapshot block: sequence " + std::to_string(seq) + ", expected " +
@@ -338,7 +322,7 @@ struct StreamChecker {
         if (!begun) return Bad("NODES before HEAD");
         if (payload.empty()) return Bad("empty NODES block");
         CANOPY_RETURN_IF_ERROR(CheckRecords(payload.data(), payload.data() + payload.size()));
-        // (hashed with the CRC above)
+        hash.Update(payload.data(), payload.size());
         blocks.push_back({logical, physical + kChunkHeaderBytes, payload.size()});
         logical += payload.size();
         break;
