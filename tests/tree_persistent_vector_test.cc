@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -119,6 +121,100 @@ TEST(PersistentVector, HoldsReferenceCountedNodesWithoutLeaks) {
   EXPECT_EQ(kids.size(), 5000u);
   EXPECT_EQ(copy.size(), 3000u);
   EXPECT_EQ(kids[4999]->attribute("i"), "4999");
+}
+
+// A keyed vector whose key is the element itself: separators must track
+// every edit, so PartitionPoint must agree with std::lower_bound over a
+// sorted model after any mix of edits, in the vector and in every copy.
+struct IdentityKey {
+  uint64_t operator()(uint64_t x) const noexcept { return x; }
+};
+using KeyedVec = PersistentVector<uint64_t, IdentityKey>;
+
+void ExpectSearchesMatch(const KeyedVec& v, const std::vector<uint64_t>& model, std::mt19937_64& rng) {
+  ASSERT_EQ(v.size(), model.size());
+  for (size_t i = 0; i < model.size(); ++i) ASSERT_EQ(v[i], model[i]) << "at " << i;
+  std::vector<uint64_t> probes{0, ~uint64_t{0}};
+  for (uint64_t x : model) {
+    probes.push_back(x);
+    probes.push_back(x + 1);
+  }
+  for (int k = 0; k < 200; ++k) probes.push_back(rng() % (model.empty() ? 1 : model.back() + 2));
+  for (uint64_t q : probes) {
+    size_t want = static_cast<size_t>(std::lower_bound(model.begin(), model.end(), q) - model.begin());
+    ASSERT_EQ(v.PartitionPoint([q](uint64_t key) { return key < q; }), want) << "probe " << q;
+  }
+}
+
+TEST(PersistentVector, KeyedSearchesFollowEveryEdit) {
+  std::mt19937_64 rng(777);
+  for (int round = 0; round < 3; ++round) {
+    KeyedVec v;
+    std::vector<uint64_t> model;  // sorted, unique, spaced so Set can move a key between neighbours
+    std::vector<std::pair<KeyedVec, std::vector<uint64_t>>> kept;
+    for (int step = 0; step < 5000; ++step) {
+      unsigned what = rng() % 10;
+      if (model.empty() || what < 5) {
+        uint64_t x = (rng() % 1000000) * 4;
+        auto it = std::lower_bound(model.begin(), model.end(), x);
+        if (it != model.end() && *it == x) continue;
+        size_t at = static_cast<size_t>(it - model.begin());
+        v.Insert(at, x);
+        model.insert(it, x);
+      } else if (what < 8) {
+        // Erase, often at the front of the vector or of a leaf (a separator).
+        size_t at = (what == 5) ? 0 : (rng() % 2 ? (rng() % model.size()) & ~size_t{31} : rng() % model.size());
+        at = std::min(at, model.size() - 1);
+        v.Erase(at);
+        model.erase(model.begin() + static_cast<std::ptrdiff_t>(at));
+      } else {
+        // Set a new key that keeps the order: one more than the old one when free.
+        size_t at = (what == 8) ? (rng() % model.size()) & ~size_t{31} : rng() % model.size();
+        at = std::min(at, model.size() - 1);
+        uint64_t x = model[at] + 1;
+        if (at + 1 < model.size() && model[at + 1] == x) continue;
+        v.Set(at, x);
+        model[at] = x;
+      }
+      if (step % 500 == 0) kept.emplace_back(v, model);
+    }
+    ExpectSearchesMatch(v, model, rng);
+    for (const auto& [copy, copy_model] : kept) ExpectSearchesMatch(copy, copy_model, rng);
+  }
+  // Built in bulk, then edited at the front of every leaf.
+  std::vector<uint64_t> items(100000);
+  for (size_t i = 0; i < items.size(); ++i) items[i] = i * 4;
+  std::vector<uint64_t> model = items;
+  KeyedVec bulk = KeyedVec::FromVector(std::move(items));
+  KeyedVec before = bulk;
+  std::vector<uint64_t> before_model = model;
+  for (size_t i = 0; i < model.size(); i += 32) {
+    bulk.Set(i, model[i] + 1);
+    model[i] += 1;
+  }
+  ExpectSearchesMatch(bulk, model, rng);
+  ExpectSearchesMatch(before, before_model, rng);
+}
+
+TEST(PersistentVector, AttributeSeparatorsNeverOutliveTheirBlobs) {
+  // Run under ASan: a separator is a borrowed blob pointer, so a Set or
+  // Erase that frees the first blob of a leaf must refresh it first.
+  auto key = [](size_t i) {
+    std::string digits = std::to_string(i);
+    return "k" + std::string(7 - std::min<size_t>(7, digits.size()), '0') + digits;
+  };
+  AttributeVector attrs;
+  for (size_t i = 0; i < 20000; ++i) attrs.PushBack(AttributeBlob::Make(key(i), "v"));
+  for (size_t i = 0; i < attrs.size(); i += 32) attrs.Set(i, AttributeBlob::Make(key(i), "w"));
+  for (int k = 0; k < 300; ++k) attrs.Erase(static_cast<size_t>(k) * 31 % attrs.size());
+  AttributeVector copy = attrs;
+  for (size_t i = 0; i < copy.size(); i += 16) copy.Set(i, AttributeBlob::Make(std::string(copy[i]->key()), "x"));
+  attrs = AttributeVector();  // the blobs only the old version held are gone
+  for (size_t i = 0; i < copy.size(); i += 7) {
+    std::string k(copy[i]->key());
+    size_t at = copy.PartitionPoint([&k](const AttributeBlob* b) { return b->key() < k; });
+    ASSERT_EQ(at, i);
+  }
 }
 
 }  // namespace

@@ -220,7 +220,7 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
     case OpType::kPutAttribute:
     case OpType::kDeleteAttribute: {
       std::string_view key = op.key;
-      size_t lo = attrs.PartitionPoint([key](const AttributePtr& b) { return b->key() < key; });
+      size_t lo = attrs.PartitionPoint([key](const AttributeBlob* b) { return b->key() < key; });
       bool found = lo < attrs.size() && attrs[lo]->key() == op.key;
       if (op.type == OpType::kDeleteAttribute) {
         attrs.Erase(lo);

@@ -90,14 +90,14 @@ NodePtr Node::Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> ch
   if (attributes.empty() && children.empty()) return Empty();
   NodePtr p = NodeBuilderAccess::New();
   Node& n = const_cast<Node&>(*p);
-  n.attributes_ = PersistentVector<AttributePtr>::FromVector(std::move(attributes));
+  n.attributes_ = AttributeVector::FromVector(std::move(attributes));
   n.children_ = PersistentVector<NodePtr>::FromVector(std::move(children));
   return p;
 }
 
 std::optional<std::string_view> Node::attribute(std::string_view key) const {
   Load();
-  size_t i = attributes_.PartitionPoint([key](const AttributePtr& b) { return b->key() < key; });
+  size_t i = attributes_.PartitionPoint([key](const AttributeBlob* b) { return b->key() < key; });
   if (i == attributes_.size()) return std::nullopt;
   const AttributeBlob& b = *attributes_[i];
   if (b.key() != key) return std::nullopt;
@@ -143,8 +143,8 @@ namespace {
 
 // Calls f(x[i], y[i]) for i in [0, size), walking both vectors a leaf at a
 // time; stops and returns false as soon as f does. REQUIRES: equal sizes.
-template <typename T, typename F>
-bool AllPairs(const PersistentVector<T>& x, const PersistentVector<T>& y, F&& f) {
+template <typename T, typename K, typename F>
+bool AllPairs(const PersistentVector<T, K>& x, const PersistentVector<T, K>& y, F&& f) {
   for (size_t i = 0, n = x.size(); i < n;) {
     auto xs = x.SpanAt(i);
     auto ys = y.SpanAt(i);

@@ -11,6 +11,9 @@
 //   chunked, O(log32 n) edits with structural sharing);
 // - an attribute is one immutable heap blob holding key and value, shared by
 //   reference between every version (and every copy of a node) that has it;
+//   the attribute sequence is keyed by blob (AttributeVector): its inner
+//   chunks keep each child's first blob, so attribute(key) and a put read
+//   one blob per probe, not the first leaf of every probed child;
 // - every childless node without attributes is the one shared Node::Empty().
 // A commit therefore copies, for each node on the path it edits, one Node and
 // the O(log n) chunks of its child or attribute sequence that lead to the
@@ -91,6 +94,14 @@ class AttributeBlob {
 };
 using AttributePtr = RefPtr<const AttributeBlob>;
 
+// A node's attributes: a keyed PersistentVector whose separators are the
+// blobs themselves (a blob's key never changes), so a lookup by key reads one
+// blob per probe instead of descending to the first leaf of each child.
+struct AttributeKeyOf {
+  const AttributeBlob* operator()(const AttributePtr& p) const noexcept { return p.get(); }
+};
+using AttributeVector = PersistentVector<AttributePtr, AttributeKeyOf>;
+
 class Node;
 using NodePtr = RefPtr<const Node>;
 class NodeImage;  // tree/node_image.h (private): a checked block image
@@ -153,7 +164,7 @@ class Node {
     Load();
     return children_;
   }
-  const PersistentVector<AttributePtr>& attribute_vector() const {
+  const AttributeVector& attribute_vector() const {
     Load();
     return attributes_;
   }
@@ -186,7 +197,7 @@ class Node {
   // Written once, by Decode, before lazy_image_ is cleared (release); read
   // only after Load() (acquire), so every reader sees them complete.
   mutable PersistentVector<NodePtr> children_;
-  mutable PersistentVector<AttributePtr> attributes_;
+  mutable AttributeVector attributes_;
   // While lazy: the image (one counted reference) and the record's offset in it.
   mutable std::atomic<const NodeImage*> lazy_image_{nullptr};
   uint64_t lazy_offset_ = 0;

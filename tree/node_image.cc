@@ -145,7 +145,7 @@ void Node::Decode() const {
       kids.push_back(NodeImageAccess::NewLazy(img, child));
     }
   }
-  attributes_ = PersistentVector<AttributePtr>::FromVector(std::move(attrs));
+  attributes_ = AttributeVector::FromVector(std::move(attrs));
   children_ = PersistentVector<NodePtr>::FromVector(std::move(kids));
   lazy_image_.store(nullptr, std::memory_order_release);
   RefRelease(img);

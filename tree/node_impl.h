@@ -23,7 +23,7 @@ class NodeBuilderAccess {
     n.Load();
     return n.children_;
   }
-  static PersistentVector<AttributePtr>& attributes(Node& n) {
+  static AttributeVector& attributes(Node& n) {
     n.Load();
     return n.attributes_;
   }

@@ -18,6 +18,22 @@
 // T must be nothrow default-constructible, copyable and movable (RefPtr<U>,
 // pointers, integers).
 //
+// Keyed vectors (sorted sequences searched by key): with a KeyOf functor,
+// `KeyOf{}(const T&)` gives each element's search key, a small trivially
+// copyable value (e.g. the pointee of a RefPtr) that depends only on the
+// element's value, stays valid while that element is held, and is the same
+// for every copy of the element. Every inner chunk then also holds, for each
+// child, the key of that child's first element (its separator), refreshed on
+// every edit path (Set, Insert, Erase: each edit re-reads the separators of
+// the chunks it wrote from their children, which it has in cache), so no
+// edit can leave a separator behind. PartitionPoint then reads one separator
+// per probe instead of descending to the first leaf of each probed child:
+// at 10^6 elements a search takes about 20 dependent cache misses rather
+// than ~50 (the leaf's 32 elements are prefetched together). A keyed vector
+// offers no MutableAt (a write through a reference could change a key
+// without refreshing its separators). Memory: one Key more per inner-chunk
+// slot, about sizeof(Key) / 32 bytes per element.
+//
 // Thread safety: as a value type. Different vectors that share chunks may be
 // read and edited from different threads at once (reference counts are
 // atomic and a shared chunk is never written); one vector must not be edited
@@ -30,15 +46,35 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace canopy::tree {
 
+// No separators (the default): PersistentVector<T>.
+struct NoKeys {};
+
+namespace persistent_vector_detail {
+template <typename T, typename KeyOf>
+struct KeyType {
+  using type = std::remove_cvref_t<decltype(std::declval<const KeyOf&>()(std::declval<const T&>()))>;
+};
 template <typename T>
+struct KeyType<T, NoKeys> {
+  using type = char;  // unused
+};
+}  // namespace persistent_vector_detail
+
+template <typename T, typename KeyOf = NoKeys>
 class PersistentVector {
+  static constexpr bool kKeyed = !std::is_same_v<KeyOf, NoKeys>;
+
  public:
   static constexpr size_t kFanout = 32;
+  // The separator type of a keyed vector (char, unused, otherwise).
+  using Key = typename persistent_vector_detail::KeyType<T, KeyOf>::type;
+  static_assert(std::is_trivially_copyable_v<Key> && alignof(Key) <= alignof(uint64_t));
 
   PersistentVector() noexcept = default;
   PersistentVector(const PersistentVector& o) noexcept : root_(o.root_) {
@@ -81,6 +117,7 @@ class PersistentVector {
         for (size_t k = 0; k < n; ++k) {
           Kids(inner)[k] = level[i + k];
           Sizes(inner)[k] = level[i + k]->total;
+          SetSeparator(inner, k);
           inner->total += level[i + k]->total;
         }
         inner->count = static_cast<uint16_t>(n);
@@ -133,6 +170,8 @@ class PersistentVector {
   // For a predicate that holds for a prefix of the vector and for nothing
   // after it (e.g. "key < k" over elements sorted by key): the length of that
   // prefix. One descent, a binary search per chunk: O(log n) predicate calls.
+  // `pred` takes a `const T&`, or for a keyed vector a `Key` (the element's
+  // KeyOf), read from the separators without visiting the children.
   template <typename Pred>
   size_t PartitionPoint(Pred&& pred) const {
     if (!root_) return 0;
@@ -141,12 +180,24 @@ class PersistentVector {
     while (c->height > 0) {
       // The last child whose first element still satisfies pred (or child 0).
       size_t lo = 1, hi = c->count;
-      while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (pred(FirstOf(Kids(c)[mid]))) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
+      if constexpr (kKeyed) {
+        const Key* seps = Seps(c);
+        while (lo < hi) {
+          size_t mid = lo + (hi - lo) / 2;
+          if (pred(seps[mid])) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
+        }
+      } else {
+        while (lo < hi) {
+          size_t mid = lo + (hi - lo) / 2;
+          if (pred(FirstOf(Kids(c)[mid]))) {
+            lo = mid + 1;
+          } else {
+            hi = mid;
+          }
         }
       }
       size_t j = lo - 1;
@@ -154,9 +205,19 @@ class PersistentVector {
       c = Kids(c)[j];
     }
     size_t lo = 0, hi = c->count;
+    const T* items = Items(c);
+    if constexpr (kKeyed && std::is_pointer_v<Key>) {
+      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(KeyOf{}(items[k]));
+    }
     while (lo < hi) {
       size_t mid = lo + (hi - lo) / 2;
-      if (pred(Items(c)[mid])) {
+      bool below;
+      if constexpr (kKeyed) {
+        below = pred(KeyOf{}(items[mid]));
+      } else {
+        below = pred(items[mid]);
+      }
+      if (below) {
         lo = mid + 1;
       } else {
         hi = mid;
@@ -172,8 +233,10 @@ class PersistentVector {
   }
 
   // A writable reference to element i (copying shared chunks on its path).
-  // REQUIRES: i < size().
-  T& MutableAt(size_t i) {
+  // REQUIRES: i < size(). Not for keyed vectors (use Set).
+  T& MutableAt(size_t i)
+    requires(!kKeyed)
+  {
     Chunk** slot = &root_;
     for (;;) {
       Chunk* c = Writable(slot, (*slot)->count);
@@ -184,7 +247,15 @@ class PersistentVector {
       slot = &Kids(c)[j];
     }
   }
-  void Set(size_t i, T value) { MutableAt(i) = std::move(value); }
+  // Replaces element i (copying shared chunks on its path; a keyed vector
+  // refreshes the separators on that path). REQUIRES: i < size().
+  void Set(size_t i, T value) {
+    if constexpr (!kKeyed) {
+      MutableAt(i) = std::move(value);
+    } else {
+      SetIn(&root_, i, value);
+    }
+  }
 
   // Inserts `value` before element i. REQUIRES: i <= size().
   void Insert(size_t i, T value) {
@@ -202,6 +273,8 @@ class PersistentVector {
       Kids(up)[1] = split;
       Sizes(up)[0] = root_->total;
       Sizes(up)[1] = split->total;
+      SetSeparator(up, 0);
+      SetSeparator(up, 1);
       up->count = 2;
       up->total = root_->total + split->total;
       root_ = up;
@@ -253,6 +326,26 @@ class PersistentVector {
   static Chunk* const* Kids(const Chunk* c) noexcept {
     return reinterpret_cast<Chunk* const*>(Sizes(c) + c->capacity);
   }
+  // Keyed vectors: Key seps[capacity] after the kids of an inner chunk.
+  static Key* Seps(Chunk* c) noexcept { return static_cast<Key*>(static_cast<void*>(Kids(c) + c->capacity)); }
+  static const Key* Seps(const Chunk* c) noexcept {
+    return static_cast<const Key*>(static_cast<const void*>(Kids(c) + c->capacity));
+  }
+  static constexpr size_t kSepBytes = kKeyed ? sizeof(Key) : 0;
+  // The key of the first element under c (REQUIRES: keyed, c not empty).
+  static Key FirstKey(const Chunk* c) noexcept {
+    return c->height == 0 ? KeyOf{}(Items(c)[0]) : Seps(c)[0];
+  }
+  // Re-reads the separator of child k of inner chunk c from the child.
+  static void SetSeparator(Chunk* c, size_t k) noexcept {
+    if constexpr (kKeyed) Seps(c)[k] = FirstKey(Kids(c)[k]);
+  }
+  // Moves inner entry `from` of chunk a to slot `to` of chunk b (sizes, kids, separators).
+  static void MoveEntry(const Chunk* a, size_t from, Chunk* b, size_t to) noexcept {
+    Kids(b)[to] = Kids(a)[from];
+    Sizes(b)[to] = Sizes(a)[from];
+    if constexpr (kKeyed) Seps(b)[to] = Seps(a)[from];
+  }
 
   static size_t CapacityFor(size_t n) noexcept {
     size_t cap = 1;
@@ -260,7 +353,9 @@ class PersistentVector {
     return std::min(cap, kFanout);
   }
   static size_t LeafBytes(size_t cap) { return sizeof(Chunk) + cap * sizeof(T); }
-  static size_t InnerBytes(size_t cap) { return sizeof(Chunk) + cap * (sizeof(uint64_t) + sizeof(Chunk*)); }
+  static size_t InnerBytes(size_t cap) {
+    return sizeof(Chunk) + cap * (sizeof(uint64_t) + sizeof(Chunk*) + kSepBytes);
+  }
 
   static Chunk* AllocLeaf(size_t cap) {
     Chunk* c = new (::operator new(LeafBytes(cap))) Chunk();
@@ -281,9 +376,16 @@ class PersistentVector {
   static void Ref(Chunk* c) noexcept { c->refs.fetch_add(1, std::memory_order_relaxed); }
   static void Unref(Chunk* c) noexcept {
     if (c->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // As in Clone: fetch every entry's line first, so that the decrements
+    // (each on a line no one has touched since, in a large tree) overlap
+    // their misses instead of paying one memory latency each.
     if (c->height == 0) {
+      if constexpr (requires(const T& t) { t.get(); }) {
+        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Items(c)[k].get(), 1);
+      }
       for (size_t k = 0; k < c->count; ++k) Items(c)[k].~T();
     } else {
+      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
       for (size_t k = 0; k < c->count; ++k) Unref(Kids(c)[k]);
     }
     Free(c);
@@ -309,8 +411,7 @@ class PersistentVector {
       for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
       n = AllocInner(cap, c->height);
       for (size_t k = 0; k < c->count; ++k) {
-        Sizes(n)[k] = Sizes(c)[k];
-        Kids(n)[k] = Kids(c)[k];
+        MoveEntry(c, k, n, k);
         Ref(Kids(c)[k]);
       }
     }
@@ -329,8 +430,7 @@ class PersistentVector {
       }
     } else {
       n = AllocInner(cap, c->height);
-      std::copy_n(Sizes(c), c->count, Sizes(n));
-      std::copy_n(Kids(c), c->count, Kids(n));
+      for (size_t k = 0; k < c->count; ++k) MoveEntry(c, k, n, k);
     }
     n->count = c->count;
     n->total = c->total;
@@ -394,6 +494,7 @@ class PersistentVector {
     while (j + 1 < c->count && i > Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
     Chunk* split = InsertIn(&Kids(c)[j], i, value);
     Sizes(c)[j] = Kids(c)[j]->total;
+    SetSeparator(c, j);
     ++c->total;
     if (!split) return nullptr;
     return LinkChild(slot, j + 1, split);
@@ -405,12 +506,10 @@ class PersistentVector {
     Chunk* c = *slot;
     if (c->count < kFanout) {
       c = Writable(slot, c->count + 1u);
-      for (size_t k = c->count; k > j; --k) {
-        Kids(c)[k] = Kids(c)[k - 1];
-        Sizes(c)[k] = Sizes(c)[k - 1];
-      }
+      for (size_t k = c->count; k > j; --k) MoveEntry(c, k - 1, c, k);
       Kids(c)[j] = kid;
       Sizes(c)[j] = kid->total;
+      SetSeparator(c, j);
       ++c->count;
       // c->total already counts the element inserted into the split child.
       return nullptr;
@@ -418,8 +517,7 @@ class PersistentVector {
     size_t keep = (j == c->count) ? c->count : c->count / 2;
     Chunk* right = AllocInner(kFanout, c->height);
     for (size_t k = keep; k < c->count; ++k) {
-      Kids(right)[k - keep] = Kids(c)[k];
-      Sizes(right)[k - keep] = Sizes(c)[k];
+      MoveEntry(c, k, right, k - keep);
       right->total += Sizes(c)[k];
     }
     right->count = static_cast<uint16_t>(c->count - keep);
@@ -435,6 +533,20 @@ class PersistentVector {
       LinkChild(slot, j, kid);
     }
     return right;
+  }
+
+  // Keyed Set: replaces element i under *slot, then refreshes the separator
+  // of every inner chunk on the way back up.
+  static void SetIn(Chunk** slot, size_t i, T& value) {
+    Chunk* c = Writable(slot, (*slot)->count);
+    if (c->height == 0) {
+      Items(c)[i] = std::move(value);
+      return;
+    }
+    size_t j = 0;
+    while (i >= Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
+    SetIn(&Kids(c)[j], i, value);
+    SetSeparator(c, j);
   }
 
   static void EraseIn(Chunk** slot, size_t i) {
@@ -458,6 +570,7 @@ class PersistentVector {
       RemoveChild(c, j);
       return;
     }
+    SetSeparator(c, j);
     if (kid->count < kFanout / 4 && c->count > 1) {
       size_t left = j > 0 ? j - 1 : j;
       size_t right = left + 1;
@@ -467,10 +580,7 @@ class PersistentVector {
 
   // Removes child j of inner chunk c (ours alone) without releasing it.
   static void RemoveChild(Chunk* c, size_t j) {
-    for (size_t k = j; k + 1 < c->count; ++k) {
-      Kids(c)[k] = Kids(c)[k + 1];
-      Sizes(c)[k] = Sizes(c)[k + 1];
-    }
+    for (size_t k = j; k + 1 < c->count; ++k) MoveEntry(c, k + 1, c, k);
     --c->count;
   }
 
@@ -482,14 +592,14 @@ class PersistentVector {
       for (size_t k = 0; k < r->count; ++k) new (&Items(l)[l->count + k]) T(Items(r)[k]);
     } else {
       for (size_t k = 0; k < r->count; ++k) {
-        Kids(l)[l->count + k] = Kids(r)[k];
-        Sizes(l)[l->count + k] = Sizes(r)[k];
+        MoveEntry(r, k, l, l->count + k);
         Ref(Kids(r)[k]);
       }
     }
     l->count = static_cast<uint16_t>(l->count + r->count);
     l->total += r->total;
     Sizes(c)[left] = l->total;
+    SetSeparator(c, left);
     Unref(r);
     RemoveChild(c, left + 1);
   }

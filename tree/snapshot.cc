@@ -219,6 +219,13 @@ struct StreamChecker {
       *p = q + 1;
       return true;
     }
+    // Two bytes (child deltas of a wide node): no loop.
+    if (end - q >= 2 && static_cast<uint8_t>(q[1]) < 0x80) {
+      *v = (static_cast<uint64_t>(static_cast<uint8_t>(q[0]) & 0x7f)) |
+           (static_cast<uint64_t>(static_cast<uint8_t>(q[1])) << 7);
+      *p = q + 2;
+      return true;
+    }
     uint64_t result = 0;
     for (int shift = 0, i = 0; i < 10; ++i, shift += 7) {
       if (q == end) return false;
