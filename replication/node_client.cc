@@ -168,6 +168,7 @@ void Node::Impl::FinishCommits(PendingCommits& claimed) {
 // ---- CommitPipeline (node_impl.h)
 
 CommitPipeline::~CommitPipeline() {
+  Flush();  // commits applied here go out to the replicas whatever ended the connection
   {
     std::lock_guard<std::mutex> lock(mu_);
     closing_ = true;  // queued commits are dropped: their client is gone
@@ -199,6 +200,7 @@ CommitPipeline::~CommitPipeline() {
 
 void CommitPipeline::Submit(CommitRequest req) {
   if (in_flight_.load() >= kMaxCommitsInFlight) {
+    Flush();  // what we wait for may need them
     std::unique_lock<std::mutex> lock(mu_);
     room_cv_.wait(lock, [&] { return in_flight_.load() < kMaxCommitsInFlight || closing_; });
   }
@@ -209,7 +211,7 @@ void CommitPipeline::Submit(CommitRequest req) {
     inline_ = queue_.empty();  // back to inline once the workers drained what they had
   }
   if (inline_) {
-    Start(std::move(req));
+    Start(std::move(req), /*defer_push=*/true);
     if (Clock::now() - now > kInlineApplyLimit) {
       inline_ = false;
       worker_until_ = Clock::now() + kWorkerSpell;
@@ -224,6 +226,18 @@ void CommitPipeline::Submit(CommitRequest req) {
   } else {
     work_cv_.notify_one();
   }
+}
+
+void CommitPipeline::Flush() {
+  for (const auto& tree_name : unpushed_trees_) {
+    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
+    {
+      std::lock_guard<std::mutex> lock(node_.mu);
+      streams = node_.DirectStreamsLocked(tree_name);
+    }
+    node_.PushCommit(tree_name, streams);
+  }
+  unpushed_trees_.clear();
 }
 
 void CommitPipeline::Work() {
@@ -242,7 +256,7 @@ void CommitPipeline::Work() {
   --idle_;
 }
 
-void CommitPipeline::Start(CommitRequest req) {
+void CommitPipeline::Start(CommitRequest req, bool defer_push) {
   auto p = std::make_shared<PendingCommit>();
   p->pipeline = this;
   p->started = Clock::now();
@@ -267,13 +281,17 @@ void CommitPipeline::Start(CommitRequest req) {
   }
   p->reply.version = committed->version;
   p->reply.duplicate = committed->duplicate;
-  std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
-  {
-    std::lock_guard<std::mutex> lock(node_.mu);
-    if (!committed->duplicate) streams = node_.DirectStreamsLocked(req.tree);
+  if (!committed->duplicate && defer_push) {
+    unpushed_trees_.insert(req.tree);
+  } else if (!committed->duplicate) {
+    // Out to the replicas from this thread where the stream is idle.
+    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
+    {
+      std::lock_guard<std::mutex> lock(node_.mu);
+      streams = node_.DirectStreamsLocked(req.tree);
+    }
+    node_.PushCommit(req.tree, streams);
   }
-  // Out to the replicas from this thread where the stream is idle.
-  if (!committed->duplicate) node_.PushCommit(req.tree, streams);
   {
     std::lock_guard<std::mutex> lock(node_.mu);
     p->owners = node_.ReplicaSetLocked(req.tree);

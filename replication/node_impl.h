@@ -110,6 +110,9 @@ inline constexpr std::chrono::milliseconds kWorkerSpell{1000};
 inline constexpr size_t kDirectSendBytes = 16u << 10;
 inline constexpr uint64_t kDirectUnackedBytes = 64u << 10;
 
+// A connection's reader sends the commits it applied to the replicas once
+// no further message is waiting, or after this many.
+inline constexpr uint32_t kCommitsPerFlush = 32;
 // A replica ACKs once no further message is waiting, or after this many
 // applied DELTA / DELTA_BATCH messages.
 inline constexpr uint32_t kDeltasPerAck = 8;
@@ -484,12 +487,21 @@ class CommitPipeline {
 
   // Applies or queues `req`; waits while kMaxCommitsInFlight are in flight.
   // A failed reply send closes the connection (the reader then sees it).
+  // A commit the reader applied itself goes out to the replicas at the
+  // next Flush, so that commits that arrived together travel together (one
+  // DELTA_BATCH, one WAL sync and one ACK per replica).
   void Submit(CommitRequest req);
+  // True while commits applied by Submit wait for Flush.
+  bool unflushed() const { return !unpushed_trees_.empty(); }
+  // Sends the commits Submit applied to the trees' replicas (reader only;
+  // call before waiting for the next message).
+  void Flush();
 
  private:
   friend struct Node::Impl;
-  // Applies `req` and answers it, or registers it as pending.
-  void Start(CommitRequest req);
+  // Applies `req` and answers it, or registers it as pending; its delta is
+  // pushed to the replicas now, or (defer_push) at the next Flush.
+  void Start(CommitRequest req, bool defer_push = false);
   // Sets the outcome of `p` from its acks, sends the reply, releases its slot.
   void Answer(PendingCommit& p);
   void Work();
@@ -501,6 +513,7 @@ class CommitPipeline {
   // Reader only: apply inline, or on workers until worker_until_.
   bool inline_ = true;
   Clock::time_point worker_until_{};
+  std::set<std::string> unpushed_trees_;  // reader only: applied by Submit, not pushed yet
 
   std::mutex mu_;  // guards the worker fields below; never held with node_.mu
   std::condition_variable work_cv_;  // queue_ gained an item, or closing_
