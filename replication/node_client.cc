@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -134,20 +135,31 @@ void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name, PendingCo
   }
   auto it = pending_commits.find(tree_name);
   if (it == pending_commits.end()) return;
-  // Levels differ (ONE, QUORUM, ALL): every one up to `highest` is checked.
-  std::vector<std::shared_ptr<PendingCommit>> ready;
+  // Levels differ (ONE, QUORUM, ALL): every one up to `highest` is checked,
+  // against the durable versions read once (as CountAcksLocked counts).
+  const uint64_t own = store->DurableVersion(tree_name).value_or(0);
+  const auto& acked = trees[tree_name].acked;
+  std::vector<std::pair<std::shared_ptr<PendingCommit>, uint32_t>> ready;
   for (auto& [version, p] : it->second) {
     if (version > highest) break;
-    if (CountAcksLocked(tree_name, version, p->owners) >= p->need) ready.push_back(p);
+    uint32_t acks = 0;
+    for (const auto& o : p->owners) {
+      if (o == node_id) {
+        acks += own >= version;
+      } else if (auto a = acked.find(o); a != acked.end() && a->second >= version) {
+        ++acks;
+      }
+    }
+    if (acks >= p->need) ready.emplace_back(p, acks);
   }
-  for (auto& p : ready) {
-    ClaimPendingLocked(p);
+  for (auto& [p, acks] : ready) {
+    ClaimPendingLocked(p, acks);
     satisfied->push_back(std::move(p));
   }
 }
 
-void Node::Impl::ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p) {
-  p->acks = CountAcksLocked(p->tree, p->reply.version, p->owners);
+void Node::Impl::ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks) {
+  p->acks = acks ? *acks : CountAcksLocked(p->tree, p->reply.version, p->owners);
   auto it = pending_commits.find(p->tree);
   it->second.erase(p->in_tree);
   if (it->second.empty()) pending_commits.erase(it);

@@ -42,7 +42,8 @@
 //     but never block on the network while holding mu.
 //   - Each connection has one receiving thread (the one serving or dialing
 //     it). Senders may be several (Connection::Send is thread safe): a leader
-//     stream's SendStream beside LeadStream's ACK receiver, a client
+//     stream's SendStream and the tree's committers (under the stream's
+//     send_mu) beside LeadStream's ACK receiver, a client
 //     connection's reader (or CommitPipeline workers) beside the ACK
 //     receivers and the pipeline timer that complete its commits.
 #pragma once
@@ -57,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -426,8 +428,9 @@ struct Node::Impl {
   void WakeCommitWaitersLocked(const std::string& tree_name, PendingCommits* satisfied);
   std::map<std::string, std::multimap<uint64_t, std::shared_ptr<PendingCommit>>> pending_commits;  // (mu)
   // Removes `p` from pending_commits and its pipeline's index, records its
-  // acks now and counts its reply as in flight (the pipeline waits for it).
-  void ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p);
+  // acks now (counted, unless given) and counts its reply as in flight (the
+  // pipeline waits for it).
+  void ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks = std::nullopt);
   // Sends the replies of claimed commits (without mu).
   void FinishCommits(PendingCommits& claimed);
   // Commits `req` on the leader (once, whatever retries: the request id is
