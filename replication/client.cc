@@ -13,9 +13,12 @@
 
 namespace canopy::replication {
 
-// One authenticated connection to one node, with a reader thread that hands
-// each reply to its waiting caller: COMMIT_REPLY by sequence, any other
-// reply to the oldest waiting call (the node answers those in order).
+// One authenticated connection to one node. There is no reader thread: a
+// caller waiting for its reply receives for everyone while nobody else does
+// (leader/follower), hands each reply to its waiting caller — COMMIT_REPLY
+// by sequence, any other reply to the oldest waiting call (the node answers
+// those in order) — and, once it has its own, passes the receiving role to
+// another waiter. A lone caller thus gets its reply without a thread switch.
 // Thread safety: Commit and Call from any threads; broken() any time.
 class Client::Channel {
  public:
@@ -28,20 +31,27 @@ class Client::Channel {
     HandshakeConfig hs{options.cluster, name, options.secret, PeerRole::kClient, ""};
     auto id = DialerHandshake(*conn, hs, Deadline::After(timeout));
     if (!id.ok()) return id.status().WithContext(uri);
-    auto ch = std::shared_ptr<Channel>(new Channel(uri, std::move(conn)));
-    ch->reader_ = std::thread([c = ch.get()] { c->ReadLoop(); });
-    return ch;
+    return std::shared_ptr<Channel>(new Channel(uri, std::move(conn)));
   }
 
-  ~Channel() {
-    conn_->Close();  // wakes the reader
-    if (reader_.joinable()) reader_.join();
-  }
+  ~Channel() { conn_->Close(); }
 
   const std::string& uri() const { return uri_; }
 
+  // True once the connection failed. While nobody receives, this looks at
+  // the connection without waiting (the node may have closed it meanwhile),
+  // so a caller dials a new one instead of sending into a dead one.
   bool broken() {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (broken_.ok() && !receiving_) {
+      receiving_ = true;
+      lock.unlock();
+      auto m = conn_->Receive(Deadline::After(std::chrono::nanoseconds(0)));
+      lock.lock();
+      receiving_ = false;
+      Take(std::move(m));
+      PassReceiving(nullptr);
+    }
     return !broken_.ok();
   }
 
@@ -60,8 +70,9 @@ class Client::Channel {
     Status s = conn_->Send(static_cast<uint16_t>(MessageType::kCommitRequest), Encode(req));
     std::unique_lock<std::mutex> lock(mu_);
     if (!s.ok()) Break(s.WithContext(uri_));
-    cv_.wait_until(lock, deadline.at(), [&] { return w.message.has_value() || !broken_.ok(); });
+    Await(lock, w, deadline);
     commits_.erase(req.sequence);
+    PassReceiving(nullptr);  // we may have been the only candidate left to receive
     if (!w.message) {
       if (!broken_.ok()) return broken_;
       return Status::Timeout(fmt::format("{}: no reply to commit {} in time", uri_, req.sequence));
@@ -84,8 +95,9 @@ class Client::Channel {
     Status s = conn_->Send(static_cast<uint16_t>(type), payload);
     std::unique_lock<std::mutex> lock(mu_);
     if (!s.ok()) Break(s.WithContext(uri_));
-    cv_.wait_until(lock, deadline.at(), [&] { return w.message.has_value() || !broken_.ok(); });
+    Await(lock, w, deadline);
     std::erase(calls_, &w);
+    PassReceiving(nullptr);
     if (!w.message) {
       if (broken_.ok()) {
         Break(Status::Timeout(fmt::format("{}: no {} in time", uri_, MessageTypeName(static_cast<uint16_t>(reply_type)))));
@@ -103,61 +115,96 @@ class Client::Channel {
  private:
   struct Waiter {
     std::optional<transport::Message> message;
+    std::condition_variable cv;  // its message arrived, the channel broke, or it may receive now
   };
 
   Channel(std::string uri, std::unique_ptr<transport::Connection> conn)
       : uri_(std::move(uri)), conn_(std::move(conn)) {}
 
+  // Waits (mu_ held through `lock`, released meanwhile) until `w` has its
+  // message, the channel broke or `deadline`; receives for every waiter
+  // while nobody else does.
+  void Await(std::unique_lock<std::mutex>& lock, Waiter& w, Deadline deadline) {
+    while (!w.message && broken_.ok() && !deadline.expired()) {
+      if (receiving_) {
+        w.cv.wait_until(lock, deadline.at());
+        continue;
+      }
+      receiving_ = true;
+      lock.unlock();
+      auto m = conn_->Receive(deadline);
+      lock.lock();
+      receiving_ = false;
+      Take(std::move(m));
+    }
+  }
+
+  // Hands a received message (or the receive's failure) to its waiter.
+  // REQUIRES: mu_ held.
+  void Take(Result<transport::Message> m) {
+    if (!m.ok()) {
+      if (!m.status().IsTimeout()) Break(m.status().WithContext(uri_));
+      return;
+    }
+    if (m->bulk_bytes != 0) {
+      Break(Status::Corruption(uri_ + ": unexpected bulk bytes"));
+      return;
+    }
+    if (m->type == static_cast<uint16_t>(MessageType::kCommitReply)) {
+      auto reply = DecodeCommitReply(m->payload);
+      if (!reply.ok()) {
+        Break(reply.status().WithContext(uri_));
+        return;
+      }
+      auto it = commits_.find(reply->sequence);
+      if (it != commits_.end() && !it->second->message) {
+        it->second->message = std::move(*m);
+        it->second->cv.notify_one();
+      }
+      // else: its caller gave up waiting; the reply is dropped.
+    } else if (!calls_.empty()) {
+      calls_.front()->message = std::move(*m);
+      calls_.front()->cv.notify_one();
+      calls_.pop_front();
+    } else {
+      Break(UnexpectedMessage(*m, "a reply").WithContext(uri_));
+    }
+  }
+
+  // Nobody receives now: wakes one waiter still without its reply (not
+  // `self`) to take over. REQUIRES: mu_ held.
+  void PassReceiving(Waiter* self) {
+    if (receiving_ || !broken_.ok()) return;
+    for (auto& [sequence, w] : commits_) {
+      if (w != self && !w->message) {
+        w->cv.notify_one();
+        return;
+      }
+    }
+    for (Waiter* w : calls_) {
+      if (w != self && !w->message) {
+        w->cv.notify_one();
+        return;
+      }
+    }
+  }
+
   // REQUIRES: mu_ held.
   void Break(Status why) {
     if (broken_.ok()) broken_ = std::move(why);
     conn_->Close();
-    cv_.notify_all();
-  }
-
-  void ReadLoop() {
-    while (true) {
-      auto m = conn_->Receive(Deadline::After(std::chrono::seconds(1)));
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!broken_.ok()) return;
-      if (!m.ok()) {
-        if (m.status().IsTimeout()) continue;
-        Break(m.status().WithContext(uri_));
-        return;
-      }
-      if (m->bulk_bytes != 0) {
-        Break(Status::Corruption(uri_ + ": unexpected bulk bytes"));
-        return;
-      }
-      if (m->type == static_cast<uint16_t>(MessageType::kCommitReply)) {
-        auto reply = DecodeCommitReply(m->payload);
-        if (!reply.ok()) {
-          Break(reply.status().WithContext(uri_));
-          return;
-        }
-        auto it = commits_.find(reply->sequence);
-        if (it != commits_.end()) it->second->message = std::move(*m);
-        // else: its caller gave up waiting; the reply is dropped.
-      } else if (!calls_.empty()) {
-        calls_.front()->message = std::move(*m);
-        calls_.pop_front();
-      } else {
-        Break(UnexpectedMessage(*m, "a reply").WithContext(uri_));
-        return;
-      }
-      cv_.notify_all();
-    }
+    for (auto& [sequence, w] : commits_) w->cv.notify_one();
+    for (Waiter* w : calls_) w->cv.notify_one();
   }
 
   const std::string uri_;
   const std::unique_ptr<transport::Connection> conn_;
   std::mutex call_mu_;
   std::mutex mu_;  // guards the fields below
-  std::condition_variable cv_;
   std::map<uint64_t, Waiter*> commits_;  // by sequence
   std::deque<Waiter*> calls_;
+  bool receiving_ = false;  // a caller is in conn_->Receive
   Status broken_;  // non-ok once the connection failed
-  std::thread reader_;
 };
 
 namespace {

@@ -7,6 +7,9 @@
 // sequence number and the replies, which the node sends as each commit
 // reaches its consistency level, are matched to their callers by it. A
 // caller waiting for its reply never holds back another caller's request.
+// There is no reader thread: one waiting caller at a time receives for all
+// of them and hands each reply to its own caller (a lone caller gets its
+// reply on its own thread, with no switch).
 // CreateTree, Read and GetStatus are thread safe too; their replies come
 // back in request order on the same connection.
 //

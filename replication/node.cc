@@ -259,14 +259,32 @@ void Node::Impl::ServeConnection(transport::Connection& conn) {
 
 Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity& peer) {
   CommitPipeline commits(*this, conn);  // COMMITs run concurrently, replies in completion order
+  // COMMITs applied since the last Flush: they go to the replicas together
+  // once no further message is waiting (or after kCommitsPerFlush).
+  uint32_t unflushed = 0;
   while (!stopping) {
-    auto m = conn.Receive(Deadline::After(std::chrono::seconds(1)));
+    if (unflushed >= kCommitsPerFlush || (unflushed > 0 && !commits.unflushed())) {
+      commits.Flush();
+      unflushed = 0;
+    }
+    auto m = conn.Receive(unflushed > 0 ? Deadline::After(std::chrono::nanoseconds(0))
+                                        : Deadline::After(std::chrono::seconds(1)));
     if (!m.ok()) {
-      if (m.status().IsTimeout()) continue;
+      if (m.status().IsTimeout()) {
+        if (unflushed > 0) {
+          commits.Flush();
+          unflushed = 0;
+        }
+        continue;
+      }
       return m.status();
     }
     if (m->bulk_bytes != 0) return Status::Corruption("unexpected bulk bytes from peer");
     auto type = static_cast<MessageType>(m->type);
+    if (type != MessageType::kCommitRequest && unflushed > 0) {
+      commits.Flush();  // before anything else (a LEADER read may wait for those commits)
+      unflushed = 0;
+    }
     if (peer.role == PeerRole::kNode) {
       if (type == MessageType::kHeartbeat) {
         metrics->MembershipReceived(m->payload.size());
@@ -297,6 +315,7 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
       case MessageType::kCommitRequest: {
         CANOPY_ASSIGN_OR_RETURN(CommitRequest req, DecodeCommitRequest(m->payload));
         commits.Submit(std::move(req));
+        if (commits.unflushed()) ++unflushed;
         break;
       }
       case MessageType::kReadRequest: {

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -88,32 +89,6 @@ Result<tree::CommitResult> Node::Impl::ApplyCommit(const CommitRequest& req) {
                           req.base_version);
 }
 
-CommitReply Node::Impl::HandleCommit(const CommitRequest& req) {
-  CommitReply reply;
-  reply.sequence = req.sequence;
-  if (NotLeader(req.tree, &reply.status, &reply.leader)) return reply;
-  NodeMetrics::ScopedCommit observe_commit(*metrics, req.level, &reply.status);
-  auto committed = ApplyCommit(req);
-  if (!committed.ok()) {
-    reply.status = StatusReplyFields::From(committed.status());
-    return reply;
-  }
-  reply.version = committed->version;
-  reply.duplicate = committed->duplicate;
-  std::unique_lock<std::mutex> lock(mu);
-  if (!committed->duplicate) stream_cvs[req.tree].notify_all();  // the leader's streams of the tree
-  const std::vector<std::string> owners = ReplicaSetLocked(req.tree);
-  uint32_t need = RequiredAcks(req.level, static_cast<uint32_t>(owners.size()));
-  reply.acks = WaitForDurableLocked(lock, req.tree, reply.version, owners, need,
-                                    Deadline::After(std::chrono::milliseconds(req.timeout_ms)));
-  if (reply.acks < need) {
-    reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
-        "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
-        reply.version, req.tree, reply.acks, need, ConsistencyLevelName(req.level))));
-  }
-  return reply;
-}
-
 std::vector<std::string> Node::Impl::ReplicaSetLocked(const std::string& tree_name) const {
   std::vector<std::string> owners = OwnersLocked(tree_name);
   std::string leader = LeaderLocked(tree_name);
@@ -147,60 +122,256 @@ uint32_t Node::Impl::WaitForDurableLocked(std::unique_lock<std::mutex>& lock, co
   return acks;
 }
 
-void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name) {
-  auto it = commit_waiters.find(tree_name);
-  if (it == commit_waiters.end()) return;
+void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name, PendingCommits* satisfied) {
   // No waiter above the newest version any owner holds can be satisfied.
   uint64_t highest = store->DurableVersion(tree_name).value_or(0);
   for (const auto& [replica, v] : trees[tree_name].acked) highest = std::max(highest, v);
-  for (auto& [version, waiter] : it->second) {
-    if (version > highest) break;
-    waiter->woken = true;
-    waiter->cv.notify_one();
+  if (auto it = commit_waiters.find(tree_name); it != commit_waiters.end()) {
+    for (auto& [version, waiter] : it->second) {
+      if (version > highest) break;
+      waiter->woken = true;
+      waiter->cv.notify_one();
+    }
   }
+  auto it = pending_commits.find(tree_name);
+  if (it == pending_commits.end()) return;
+  // Levels differ (ONE, QUORUM, ALL): every one up to `highest` is checked,
+  // against the durable versions read once (as CountAcksLocked counts).
+  const uint64_t own = store->DurableVersion(tree_name).value_or(0);
+  const auto& acked = trees[tree_name].acked;
+  std::vector<std::pair<std::shared_ptr<PendingCommit>, uint32_t>> ready;
+  for (auto& [version, p] : it->second) {
+    if (version > highest) break;
+    uint32_t acks = 0;
+    for (const auto& o : p->owners) {
+      if (o == node_id) {
+        acks += own >= version;
+      } else if (auto a = acked.find(o); a != acked.end() && a->second >= version) {
+        ++acks;
+      }
+    }
+    if (acks >= p->need) ready.emplace_back(p, acks);
+  }
+  for (auto& [p, acks] : ready) {
+    ClaimPendingLocked(p, acks);
+    satisfied->push_back(std::move(p));
+  }
+}
+
+void Node::Impl::ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks) {
+  p->acks = acks ? *acks : CountAcksLocked(p->tree, p->reply.version, p->owners);
+  auto it = pending_commits.find(p->tree);
+  it->second.erase(p->in_tree);
+  if (it->second.empty()) pending_commits.erase(it);
+  p->pipeline->by_deadline_.erase(p->in_pipeline);
+  ++p->pipeline->answering_;
+}
+
+void Node::Impl::FinishCommits(PendingCommits& claimed) {
+  for (auto& p : claimed) p->pipeline->Answer(*p);
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& p : claimed) {
+    CommitPipeline& pipeline = *p->pipeline;
+    if (--pipeline.answering_ == 0) pipeline.timer_cv_.notify_all();  // a destructor may wait for it
+  }
+  claimed.clear();
 }
 
 // ---- CommitPipeline (node_impl.h)
 
 CommitPipeline::~CommitPipeline() {
+  Flush();  // commits applied here go out to the replicas whatever ended the connection
   {
     std::lock_guard<std::mutex> lock(mu_);
     closing_ = true;  // queued commits are dropped: their client is gone
   }
-  cv_.notify_all();
+  work_cv_.notify_all();
+  room_cv_.notify_all();
   for (auto& w : workers_) w.join();
+  // Pending commits: answered now with the acks they have (as a stopping
+  // node did before), and replies other threads are sending waited for.
+  PendingCommits orphans;
+  {
+    std::unique_lock<std::mutex> lock(node_.mu);
+    timer_closing_ = true;
+    while (!by_deadline_.empty()) {
+      auto p = by_deadline_.begin()->second;
+      node_.ClaimPendingLocked(p);
+      --answering_;  // answered right here, below
+      orphans.push_back(std::move(p));
+    }
+    timer_cv_.notify_all();
+  }
+  for (auto& p : orphans) Answer(*p);
+  {
+    std::unique_lock<std::mutex> lock(node_.mu);
+    timer_cv_.wait(lock, [&] { return answering_ == 0; });
+  }
+  if (timer_.joinable()) timer_.join();
 }
 
 void CommitPipeline::Submit(CommitRequest req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.size() + running_ < kMaxCommitsInFlight || closing_; });
+  if (in_flight_.load() >= kMaxCommitsInFlight) {
+    Flush();  // what we wait for may need them
+    std::unique_lock<std::mutex> lock(mu_);
+    room_cv_.wait(lock, [&] { return in_flight_.load() < kMaxCommitsInFlight || closing_; });
+  }
+  ++in_flight_;
+  auto now = Clock::now();
+  if (!inline_ && now >= worker_until_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inline_ = queue_.empty();  // back to inline once the workers drained what they had
+  }
+  if (inline_) {
+    Start(std::move(req), /*defer_push=*/true);
+    if (Clock::now() - now > kInlineApplyLimit) {
+      inline_ = false;
+      worker_until_ = Clock::now() + kWorkerSpell;
+    }
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   queue_.push_back(std::move(req));
   if (queue_.size() > idle_) {
     ++idle_;  // the new worker counts as idle until it takes a commit
     workers_.emplace_back([this] { Work(); });
   } else {
-    cv_.notify_all();
+    work_cv_.notify_one();
   }
+}
+
+void CommitPipeline::Flush() {
+  for (const auto& tree_name : unpushed_trees_) {
+    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
+    {
+      std::lock_guard<std::mutex> lock(node_.mu);
+      streams = node_.DirectStreamsLocked(tree_name);
+    }
+    node_.PushCommit(tree_name, streams);
+  }
+  unpushed_trees_.clear();
 }
 
 void CommitPipeline::Work() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
+    work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
     if (closing_) break;
     CommitRequest req = std::move(queue_.front());
     queue_.pop_front();
     --idle_;
-    ++running_;
     lock.unlock();
-    CommitReply reply = node_.HandleCommit(req);
-    if (!SendMessage(conn_, reply).ok()) conn_.Close();  // the reader sees it and ends the connection
+    Start(std::move(req));
     lock.lock();
-    --running_;
     ++idle_;
-    cv_.notify_all();  // a Submit waiting for room
   }
   --idle_;
+}
+
+void CommitPipeline::Start(CommitRequest req, bool defer_push) {
+  auto p = std::make_shared<PendingCommit>();
+  p->pipeline = this;
+  p->started = Clock::now();
+  p->reply.sequence = req.sequence;
+  if (node_.NotLeader(req.tree, &p->reply.status, &p->reply.leader)) {
+    if (!SendMessage(conn_, p->reply).ok()) conn_.Close();  // the reader sees it and ends the connection
+    if (in_flight_.fetch_sub(1) >= kMaxCommitsInFlight) {
+      std::lock_guard<std::mutex> lock(mu_);
+      room_cv_.notify_one();
+    }
+    return;
+  }
+  p->tree = req.tree;
+  p->level = req.level;
+  p->deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
+  auto committed = node_.ApplyCommit(req);
+  if (!committed.ok()) {
+    p->reply.status = StatusReplyFields::From(committed.status());
+    p->need = 0;
+    Answer(*p);
+    return;
+  }
+  p->reply.version = committed->version;
+  p->reply.duplicate = committed->duplicate;
+  if (!committed->duplicate && defer_push) {
+    unpushed_trees_.insert(req.tree);
+  } else if (!committed->duplicate) {
+    // Out to the replicas from this thread where the stream is idle.
+    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
+    {
+      std::lock_guard<std::mutex> lock(node_.mu);
+      streams = node_.DirectStreamsLocked(req.tree);
+    }
+    node_.PushCommit(req.tree, streams);
+  }
+  {
+    std::lock_guard<std::mutex> lock(node_.mu);
+    p->owners = node_.ReplicaSetLocked(req.tree);
+    p->need = RequiredAcks(req.level, static_cast<uint32_t>(p->owners.size()));
+    p->acks = node_.CountAcksLocked(req.tree, p->reply.version, p->owners);
+    if (p->acks < p->need && !p->deadline.expired() && !node_.stopping && !timer_closing_) {
+      p->in_tree = node_.pending_commits[req.tree].emplace(p->reply.version, p);
+      p->in_pipeline = by_deadline_.emplace(p->deadline.at(), p);
+      if (!timer_.joinable()) {
+        timer_ = std::thread([this] { TimerLoop(); });
+      } else if (p->in_pipeline == by_deadline_.begin() ||
+                 node_.store->options().fsync == tree::FsyncPolicy::kBatch) {
+        timer_cv_.notify_one();  // a new earliest deadline (or a batch policy to poll)
+      }
+      return;  // answered by the ACK that satisfies it, or by the timer
+    }
+  }
+  Answer(*p);
+}
+
+void CommitPipeline::Answer(PendingCommit& p) {
+  CommitReply& reply = p.reply;
+  if (reply.status.code == StatusCode::kOk) {
+    reply.acks = p.acks;
+    if (p.acks < p.need) {
+      reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
+          "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
+          reply.version, p.tree, p.acks, p.need, ConsistencyLevelName(p.level))));
+    }
+  }
+  node_.metrics->Commit(p.level, reply.status.code, Clock::now() - p.started);
+  if (!SendMessage(conn_, reply).ok()) conn_.Close();  // the reader sees it and ends the connection
+  if (in_flight_.fetch_sub(1) >= kMaxCommitsInFlight) {
+    std::lock_guard<std::mutex> lock(mu_);
+    room_cv_.notify_one();
+  }
+}
+
+void CommitPipeline::TimerLoop() {
+  // The leader's own durability under --fsync batch advances without a
+  // notification: poll it in short slices then; otherwise ACKs answer.
+  const bool poll = node_.store->options().fsync == tree::FsyncPolicy::kBatch;
+  std::unique_lock<std::mutex> lock(node_.mu);
+  while (!timer_closing_) {
+    PendingCommits done;
+    const auto now = Clock::now();
+    const bool stopping = node_.stopping.load();
+    for (auto it = by_deadline_.begin(); it != by_deadline_.end();) {
+      auto& p = it->second;
+      ++it;  // p's entry may be erased below
+      if (stopping || p->deadline.at() <= now ||
+          (poll && node_.CountAcksLocked(p->tree, p->reply.version, p->owners) >= p->need)) {
+        node_.ClaimPendingLocked(p);
+        done.push_back(p);
+      } else if (!poll) {
+        break;  // ordered by deadline
+      }
+    }
+    if (!done.empty()) {
+      lock.unlock();
+      node_.FinishCommits(done);  // takes node_.mu itself
+      lock.lock();
+      continue;
+    }
+    auto wake = now + std::chrono::milliseconds(poll ? 5 : 100);  // 100: notice a stop
+    if (!by_deadline_.empty()) wake = std::min(wake, by_deadline_.begin()->first);
+    timer_cv_.wait_until(lock, wake);
+  }
 }
 
 ReadReply Node::Impl::HandleRead(const ReadRequest& req) {

@@ -24,6 +24,17 @@
 //     thousands of times a second): a commit notifies its tree's
 //     stream_cvs entry (the leader's streams), an ACK the commit_waiters it
 //     may satisfy. Methods named ...Locked() expect mu held.
+//   - A client's COMMIT does not keep a thread waiting for its acks: once
+//     applied it is a PendingCommit in pending_commits (mu) and in its
+//     CommitPipeline's deadline index (mu too). Whoever first sees it
+//     satisfied (the ACK receiver in LeadStream), expired (the pipeline's
+//     timer) or orphaned (the pipeline's destructor) claims it under mu —
+//     removes it from both indexes and counts a reply in flight — and sends
+//     its reply after releasing mu; the pipeline outlives those sends
+//     (its destructor waits for them).
+//   - Each leader stream's StreamSender::send_mu is held while sending on
+//     that stream (by its SendStream thread, or by a committer that found it
+//     free); taken before mu, never with mu held.
 //   - `threads_mu` guards workers and open_conns only; never taken with mu held
 //     (Stop closes connections under it, so a blocked Receive wakes up).
 //   - `digest_mu` guards digest_cache only; never held with mu.
@@ -31,19 +42,23 @@
 //     but never block on the network while holding mu.
 //   - Each connection has one receiving thread (the one serving or dialing
 //     it). Senders may be several (Connection::Send is thread safe): a leader
-//     stream's SendStream beside LeadStream's ACK receiver, a client
-//     connection's CommitPipeline workers beside its reader.
+//     stream's SendStream and the tree's committers (under the stream's
+//     send_mu) beside LeadStream's ACK receiver, a client
+//     connection's reader (or CommitPipeline workers) beside the ACK
+//     receivers and the pipeline timer that complete its commits.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -78,11 +93,87 @@ inline constexpr uint32_t kMaxSliceChildren = 4096;
 inline constexpr size_t kMaxIdlePeerClients = 16;
 // Incoming connections served at once; more are refused with ERROR.
 inline constexpr int kMaxServedConnections = 1024;
-// COMMITs one connection may have queued or running at once; the
-// connection's reader waits (stops reading) while that many are.
+// COMMITs one connection may have queued, running or waiting for acks at
+// once; the connection's reader waits (stops reading) while that many are.
 inline constexpr size_t kMaxCommitsInFlight = 256;
+// A connection's reader applies its COMMITs itself (no hand-off) while one
+// apply takes less than this; a slower one (a real fsync) moves the
+// connection's commits to worker threads, so that they share WAL syncs,
+// for kWorkerSpell before it tries again.
+inline constexpr std::chrono::microseconds kInlineApplyLimit{2000};
+inline constexpr std::chrono::milliseconds kWorkerSpell{1000};
+
+// A committer sends its commit on the tree's leader streams itself (no
+// wake-up of their threads) while a stream is idle and the bytes sent on it
+// that its replica has not acked yet, these included, stay within
+// kDirectUnackedBytes (less than a loopback socket's buffers), reading at
+// most kDirectSendBytes of deltas; otherwise it leaves the sending to the
+// stream's thread. So a stalled replica never blocks a committer.
+inline constexpr size_t kDirectSendBytes = 16u << 10;
+inline constexpr uint64_t kDirectUnackedBytes = 64u << 10;
+
+// A connection's reader sends the commits it applied to the replicas once
+// no further message is waiting, or after this many.
+inline constexpr uint32_t kCommitsPerFlush = 32;
+// A replica ACKs once no further message is waiting, or after this many
+// applied DELTA / DELTA_BATCH messages.
+inline constexpr uint32_t kDeltasPerAck = 8;
 
 class CommitPipeline;
+
+// The send side of one leader stream (node_leader.cc). Its SendStream
+// thread sends the snapshot, heartbeats and deltas; a committer of the tree
+// that finds send_mu free sends the new deltas itself. Whoever holds
+// send_mu and sent something checks again after releasing it whether more
+// came (a committer that found send_mu taken relies on that).
+// Lock order: send_mu before mu (never take send_mu with mu held).
+struct StreamSender {
+  StreamSender(transport::Connection& c, std::string r, std::string t, uint64_t e, uint64_t s)
+      : conn(c), replica(std::move(r)), tree(std::move(t)), epoch(e), sent(s) {}
+  transport::Connection& conn;
+  const std::string replica;
+  const std::string tree;
+  const uint64_t epoch;
+  std::mutex send_mu;
+  std::atomic<uint64_t> sent;  // the newest version sent; written with send_mu held
+  bool open = true;            // (send_mu) false once SendStream ended: nobody sends any more
+  // (send_mu) Delta bytes sent, and per frame not known to be acked yet its
+  // end version and the byte count after it.
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_acked = 0;
+  std::deque<std::pair<uint64_t, uint64_t>> unacked_frames;
+  // (send_mu) Forgets the frames `acked` covers; the bytes still unacked.
+  uint64_t UnackedBytes(uint64_t acked) {
+    while (!unacked_frames.empty() && unacked_frames.front().first <= acked) {
+      bytes_acked = unacked_frames.front().second;
+      unacked_frames.pop_front();
+    }
+    return bytes_sent - bytes_acked;
+  }
+  // (send_mu) A snapshot up to `sent` went out: a full window until acked.
+  void NoteSnapshot() {
+    bytes_sent += kDirectUnackedBytes;
+    unacked_frames.emplace_back(sent.load(), bytes_sent);
+  }
+};
+
+// A commit applied on the leader and waiting for its consistency level
+// (node_impl.h lock discipline). All fields but the indexes are set before
+// it is registered and read by its claimer only.
+struct PendingCommit {
+  CommitPipeline* pipeline = nullptr;
+  std::string tree;
+  ConsistencyLevel level = ConsistencyLevel::kQuorum;
+  std::vector<std::string> owners;
+  uint32_t need = 0;
+  Deadline deadline = Deadline::Infinite();
+  Clock::time_point started{};
+  CommitReply reply;
+  uint32_t acks = 0;  // set by the claimer
+  std::multimap<uint64_t, std::shared_ptr<PendingCommit>>::iterator in_tree;
+  std::multimap<Clock::time_point, std::shared_ptr<PendingCommit>>::iterator in_pipeline;
+};
+using PendingCommits = std::vector<std::shared_ptr<PendingCommit>>;
 
 struct Node::Impl {
   explicit Impl(const NodeOptions& o) : options(o), detector(DetectorOptions(o)), ring(o.ring) {}
@@ -143,9 +234,13 @@ struct Node::Impl {
   };
   std::map<std::string, TreeReplication> trees;
   // Per tree, waited on (with mu) by the leader's streams of it: notified on
-  // each commit of the tree and when one of its streams ends. Entries are
-  // made on first use and never erased (map nodes do not move).
+  // a commit of the tree that its committer did not send itself, and when
+  // one of its streams ends. Entries are made on first use and never erased
+  // (map nodes do not move).
   std::map<std::string, std::condition_variable> stream_cvs;
+  // Per tree, the send sides of its leader streams (registered by
+  // SendStream once its snapshot, if any, is out).
+  std::map<std::string, std::vector<std::shared_ptr<StreamSender>>> stream_senders;
   std::vector<std::string> unresolved_seeds;  // --seed URIs whose node id we do not know yet
   Clock::time_point started_at = Clock::now();
 
@@ -268,6 +363,22 @@ struct Node::Impl {
                       uint64_t epoch, uint64_t* sent);
   Status SendStream(transport::Connection& conn, const std::string& replica, const Subscribe& sub,
                     uint64_t epoch, bool force_snapshot, const std::atomic<bool>& done);
+  Status StreamLoop(StreamSender& s, const std::atomic<bool>& done);
+  // Sends the deltas after s.sent (up to max_bytes of them) as one DELTA or
+  // DELTA_BATCH; *any says whether some went out. A committer passes its
+  // replica's acked version as `direct_acked`: deltas that would take the
+  // unacked bytes past kDirectUnackedBytes are then left for the stream's
+  // thread (nothing sent, *deferred set). NotFound when the WAL no longer
+  // holds them (a snapshot is needed). REQUIRES s.send_mu held.
+  Status SendDeltasLocked(StreamSender& s, size_t max_bytes, bool* any, const uint64_t* direct_acked = nullptr,
+                          bool* deferred = nullptr);
+  // The streams of `tree_name` a committer may send on itself now, each
+  // with its replica's acked version. REQUIRES mu held.
+  std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> DirectStreamsLocked(const std::string& tree_name);
+  // After a commit of `tree_name`: sends the new deltas on those streams
+  // that are idle; wakes the stream threads for the rest. Without mu.
+  void PushCommit(const std::string& tree_name,
+                  const std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>>& streams);
 
   // ================================================ node_replica.cc: replica follow
   // Follows `tree_name` from its leader while we own it and do not lead it.
@@ -297,8 +408,7 @@ struct Node::Impl {
   bool NotLeader(const std::string& tree_name, StatusReplyFields* status, std::string* leader_uri);
   uint32_t CountAcksLocked(const std::string& tree_name, uint64_t version,
                            const std::vector<std::string>& owners);
-  CommitReply HandleCommit(const CommitRequest& req);
-  // A HandleCommit waiting for its consistency level; woken (under mu) when
+  // A LEADER read (node_reads.cc) waiting for its consistency level; woken (under mu) when
   // an owner's durable version may have reached `version`.
   struct CommitWaiter {
     uint64_t version = 0;
@@ -315,8 +425,17 @@ struct Node::Impl {
   uint32_t WaitForDurableLocked(std::unique_lock<std::mutex>& lock, const std::string& tree_name, uint64_t version,
                                 const std::vector<std::string>& owners, uint32_t need, Deadline deadline);
   // Wakes the waiters of `tree_name` that the durable versions known now
-  // may satisfy (call after an ACK moved one).
-  void WakeCommitWaitersLocked(const std::string& tree_name);
+  // may satisfy (call after an ACK moved one), and claims into `satisfied`
+  // the pending commits they do satisfy: the caller sends those replies
+  // with FinishCommits once it released mu.
+  void WakeCommitWaitersLocked(const std::string& tree_name, PendingCommits* satisfied);
+  std::map<std::string, std::multimap<uint64_t, std::shared_ptr<PendingCommit>>> pending_commits;  // (mu)
+  // Removes `p` from pending_commits and its pipeline's index, records its
+  // acks now (counted, unless given) and counts its reply as in flight (the
+  // pipeline waits for it).
+  void ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks = std::nullopt);
+  // Sends the replies of claimed commits (without mu).
+  void FinishCommits(PendingCommits& claimed);
   // Commits `req` on the leader (once, whatever retries: the request id is
   // checked atomically by the store), or returns its status.
   Result<tree::CommitResult> ApplyCommit(const CommitRequest& req);
@@ -353,15 +472,18 @@ struct Node::Impl {
 };
 
 // The COMMITs in flight on one connection (node_client.cc). The
-// connection's reader (ServeMessages) Submits each as it arrives; worker
-// threads, started on demand up to kMaxCommitsInFlight, run HandleCommit
-// and send each reply as it completes — in any order, each carrying its
-// request's sequence — so a commit waiting for its consistency level never
-// holds back the next one on the connection (and the leader's WAL group
-// commit covers them together). Connection::Send is thread safe, so replies
-// of other requests go out from the reader meanwhile.
+// connection's reader Submits each as it arrives. A commit is applied
+// (ApplyCommit) by the reader itself while applies are quick, else by worker
+// threads started on demand (so that slow WAL syncs are shared); then, if
+// its consistency level is not reached yet, it becomes a PendingCommit and
+// no thread waits for it: the ACK that satisfies it sends its reply from the
+// ACK receiver's thread, and the pipeline's timer thread answers those whose
+// time runs out (Timeout with the acks they have) — in any order, each reply
+// carrying its request's sequence. Connection::Send is thread safe, so
+// replies of other requests go out from the reader meanwhile.
 // Thread safety: Submit from the reader thread only; the destructor (on the
-// reader thread) waits for every queued and running commit.
+// reader thread) drops queued commits, answers pending ones with what they
+// have, and waits for every reply in flight.
 class CommitPipeline {
  public:
   CommitPipeline(Node::Impl& node, transport::Connection& conn) : node_(node), conn_(conn) {}
@@ -369,22 +491,50 @@ class CommitPipeline {
   CommitPipeline(const CommitPipeline&) = delete;
   CommitPipeline& operator=(const CommitPipeline&) = delete;
 
-  // Queues `req`; waits while kMaxCommitsInFlight are queued or running.
+  // Applies or queues `req`; waits while kMaxCommitsInFlight are in flight.
   // A failed reply send closes the connection (the reader then sees it).
+  // A commit the reader applied itself goes out to the replicas at the
+  // next Flush, so that commits that arrived together travel together (one
+  // DELTA_BATCH, one WAL sync and one ACK per replica).
   void Submit(CommitRequest req);
+  // True while commits applied by Submit wait for Flush.
+  bool unflushed() const { return !unpushed_trees_.empty(); }
+  // Sends the commits Submit applied to the trees' replicas (reader only;
+  // call before waiting for the next message).
+  void Flush();
 
  private:
+  friend struct Node::Impl;
+  // Applies `req` and answers it, or registers it as pending; its delta is
+  // pushed to the replicas now, or (defer_push) at the next Flush.
+  void Start(CommitRequest req, bool defer_push = false);
+  // Sets the outcome of `p` from its acks, sends the reply, releases its slot.
+  void Answer(PendingCommit& p);
   void Work();
+  void TimerLoop();
 
   Node::Impl& node_;
   transport::Connection& conn_;
-  std::mutex mu_;
-  std::condition_variable cv_;  // queue_ gained an item, a commit finished, or closing_
+  std::atomic<size_t> in_flight_{0};  // submitted, not yet answered
+  // Reader only: apply inline, or on workers until worker_until_.
+  bool inline_ = true;
+  Clock::time_point worker_until_{};
+  std::set<std::string> unpushed_trees_;  // reader only: applied by Submit, not pushed yet
+
+  std::mutex mu_;  // guards the worker fields below; never held with node_.mu
+  std::condition_variable work_cv_;  // queue_ gained an item, or closing_
+  std::condition_variable room_cv_;  // in_flight_ dropped below the limit, or closing_
   std::list<CommitRequest> queue_;
-  size_t running_ = 0;  // commits being handled
-  size_t idle_ = 0;     // workers waiting for work
+  size_t idle_ = 0;  // workers waiting for work
   bool closing_ = false;
   std::vector<std::thread> workers_;
+
+  // Guarded by node_.mu:
+  std::multimap<Clock::time_point, std::shared_ptr<PendingCommit>> by_deadline_;  // registered ones
+  size_t answering_ = 0;  // claimed replies being sent by other threads
+  bool timer_closing_ = false;
+  std::condition_variable timer_cv_;  // (node_.mu) a new earliest deadline, answering_ reached 0, closing
+  std::thread timer_;
 };
 
 }  // namespace canopy::replication

@@ -61,6 +61,7 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
     stream_cvs[sub.tree].notify_all();
   });
   Status receive_status;
+  PendingCommits satisfied;
   while (!done && !stopping) {
     auto m = conn.Receive(Deadline::After(options.failure_timeout));
     if (!m.ok()) {
@@ -86,14 +87,19 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
                                                       ack->epoch, sub.tree, epoch));
         break;
       }
-      std::lock_guard<std::mutex> lock(mu);
-      // A replica whose history is not ours reports its own durable
-      // version until our snapshot replaced it: liveness only, no claim.
-      if (trusted || ack->snapshots_installed > 0) {
-        trees[sub.tree].acked[peer.node_id] = ack->durable_version;
-        WakeCommitWaitersLocked(sub.tree);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        // A replica whose history is not ours reports its own durable
+        // version until our snapshot replaced it: liveness only, no claim.
+        if (trusted || ack->snapshots_installed > 0) {
+          trees[sub.tree].acked[peer.node_id] = ack->durable_version;
+          WakeCommitWaitersLocked(sub.tree, &satisfied);
+        }
+        HeardLocked(peer.node_id);
       }
-      HeardLocked(peer.node_id);
+      // The commits this ACK completed are answered from here (no hand-off
+      // to another thread); never with mu held.
+      if (!satisfied.empty()) FinishCommits(satisfied);
     } else if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat)) {
       auto hb = DecodeHeartbeat(m->payload);
       if (!hb.ok()) {
@@ -162,58 +168,161 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
   if (sent > latest) force_snapshot = true;            // it holds versions we never had
   if (sent == 0 && latest > 0) force_snapshot = true;  // a new replica (node join): bulk install
   if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
+  auto sender = std::make_shared<StreamSender>(conn, replica, tree_name, epoch, sent);
+  // A snapshot counts as a full window: committers send once it is acked.
+  if (force_snapshot) sender->NoteSnapshot();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stream_senders[tree_name].push_back(sender);
+  }
+  Status s = StreamLoop(*sender, done);
+  {
+    std::lock_guard<std::mutex> send_lock(sender->send_mu);
+    sender->open = false;  // from here on no committer uses conn
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto& senders = stream_senders[tree_name];
+  std::erase(senders, sender);
+  if (senders.empty()) stream_senders.erase(tree_name);
+  return s;
+}
+
+Status Node::Impl::SendDeltasLocked(StreamSender& s, size_t max_bytes, bool* any, const uint64_t* direct_acked,
+                                    bool* deferred) {
+  *any = false;
+  const uint64_t sent = s.sent.load();
+  CANOPY_ASSIGN_OR_RETURN(auto deltas, store->ReadDeltasSince(s.tree, sent, max_bytes));
+  if (deltas.empty()) return Status::Ok();
+  uint64_t bytes = 0;
+  for (const auto& d : deltas) bytes += d.size();
+  if (direct_acked != nullptr && s.UnackedBytes(*direct_acked) + bytes > kDirectUnackedBytes) {
+    *deferred = true;
+    return Status::Ok();
+  }
+  s.bytes_sent += bytes;
+  s.unacked_frames.emplace_back(sent + deltas.size(), s.bytes_sent);
+  *any = true;
+  if (deltas.size() == 1) {
+    CANOPY_RETURN_IF_ERROR(SendMessage(s.conn, Delta{s.tree, s.epoch, sent, sent + 1, std::move(deltas.front())}));
+    s.sent = sent + 1;
+    return Status::Ok();
+  }
+  // Several ready (commits arrived while the last frame was out): one
+  // frame, one WAL sync and one ACK on the replica for all of them.
+  // Nothing waits for earlier ACKs: the stream runs ahead of them.
+  DeltaBatch batch{s.tree, s.epoch, sent, std::move(deltas)};
+  CANOPY_RETURN_IF_ERROR(SendMessage(s.conn, batch));
+  s.sent = sent + batch.deltas.size();
+  return Status::Ok();
+}
+
+Status Node::Impl::StreamLoop(StreamSender& s, const std::atomic<bool>& done) {
+  const std::string& tree_name = s.tree;
   uint64_t heartbeat_seq = 0;
   auto still_leading = [&] {
     uint64_t e = 0;
-    return LeadsLocked(tree_name, &e) && e == epoch;
+    return LeadsLocked(tree_name, &e) && e == s.epoch;
   };
   while (!done && !stopping) {
+    uint64_t acked = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!still_leading())
-        return Status::Conflict(fmt::format("no longer the leader of {} at epoch {}", tree_name, epoch));
+        return Status::Conflict(fmt::format("no longer the leader of {} at epoch {}", tree_name, s.epoch));
+      const auto& claims = trees[tree_name].acked;
+      if (auto a = claims.find(s.replica); a != claims.end()) acked = a->second;
     }
-    auto deltas = store->ReadDeltasSince(tree_name, sent, kDeltaBatchBytes);
-    if (!deltas.ok()) {
-      if (!deltas.status().IsNotFound()) return deltas.status();
-      CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
-      continue;
+    {
+      std::lock_guard<std::mutex> send_lock(s.send_mu);
+      s.UnackedBytes(acked);  // forget what the replica acked
+      bool any = false;
+      Status pushed = SendDeltasLocked(s, kDeltaBatchBytes, &any);
+      if (pushed.IsNotFound()) {
+        uint64_t sent = s.sent.load();
+        CANOPY_RETURN_IF_ERROR(SendSnapshot(s.conn, s.replica, tree_name, s.epoch, &sent));
+        s.sent = sent;
+        s.NoteSnapshot();
+        continue;
+      }
+      CANOPY_RETURN_IF_ERROR(pushed);
+      if (any) continue;
     }
-    if (deltas->size() == 1) {
-      CANOPY_RETURN_IF_ERROR(SendMessage(conn, Delta{tree_name, epoch, sent, sent + 1, std::move(deltas->front())}));
-      ++sent;
-      continue;
-    }
-    if (!deltas->empty()) {
-      // Several ready (commits arrived while the last frame was out): one
-      // frame, one WAL sync and one ACK on the replica for all of them.
-      // Nothing waits for earlier ACKs: the stream runs ahead of them.
-      DeltaBatch batch{tree_name, epoch, sent, std::move(*deltas)};
-      CANOPY_RETURN_IF_ERROR(SendMessage(conn, batch));
-      sent += batch.deltas.size();
-      continue;
-    }
-    // Idle: wait for the next commit, heartbeat meanwhile.
+    // Idle: wait for the next commit its committer did not send, heartbeat meanwhile.
     {
       std::unique_lock<std::mutex> lock(mu);
-      // Woken by the tree's commits and by this stream's end; a stop or a
+      // Woken by such commits and by this stream's end; a stop or a
       // leadership change is seen within a heartbeat interval.
       stream_cvs[tree_name].wait_for(lock, options.heartbeat_interval, [&] {
         if (done || stopping || !still_leading()) return true;
         auto l = store->LatestVersion(tree_name);
-        return l.ok() && *l > sent;
+        return l.ok() && *l > s.sent.load();
       });
     }
+    std::lock_guard<std::mutex> send_lock(s.send_mu);
     auto l = store->LatestVersion(tree_name);
-    if (l.ok() && *l == sent && !done && !stopping) {
+    if (l.ok() && *l == s.sent.load() && !done && !stopping) {
       Heartbeat hb;
       hb.node_id = node_id;
       hb.sequence = ++heartbeat_seq;
-      hb.trees.push_back({tree_name, epoch, sent});
-      CANOPY_RETURN_IF_ERROR(SendMessage(conn, hb));
+      hb.trees.push_back({tree_name, s.epoch, *l});
+      CANOPY_RETURN_IF_ERROR(SendMessage(s.conn, hb));
     }
   }
   return Status::Ok();
+}
+
+std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> Node::Impl::DirectStreamsLocked(
+    const std::string& tree_name) {
+  std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> out;
+  auto it = stream_senders.find(tree_name);
+  if (it == stream_senders.end()) return out;
+  uint64_t epoch = 0;
+  if (!LeadsLocked(tree_name, &epoch)) return out;
+  const auto& acked = trees[tree_name].acked;
+  for (const auto& s : it->second) {
+    if (s->epoch != epoch) continue;
+    auto a = acked.find(s->replica);
+    // No claim yet (a new or resyncing replica): 0, so its thread sends.
+    out.emplace_back(s, a == acked.end() ? 0 : a->second);
+  }
+  return out;
+}
+
+void Node::Impl::PushCommit(const std::string& tree_name,
+                            const std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>>& streams) {
+  bool wake = false;
+  for (const auto& [s, acked] : streams) {
+    while (true) {
+      if (acked == 0) {
+        wake = true;  // no claim from the replica yet (new, or resyncing): its thread sends
+        break;
+      }
+      std::unique_lock<std::mutex> send_lock(s->send_mu, std::try_to_lock);
+      if (!send_lock.owns_lock()) break;  // its holder sends ours too (it checks again after unlocking)
+      if (!s->open) break;
+      bool any = false;
+      bool deferred = false;
+      Status pushed = SendDeltasLocked(*s, kDirectSendBytes, &any, &acked, &deferred);
+      send_lock.unlock();
+      if (deferred) {
+        wake = true;  // the replica is too far behind (stalled?), or too much at once: its thread sends
+        break;
+      }
+      if (!pushed.ok()) {
+        // A snapshot is needed, or the stream broke: its thread sees to it.
+        if (!pushed.IsNotFound()) s->conn.Close();
+        wake = true;
+        break;
+      }
+      if (!any) break;
+      auto latest = store->LatestVersion(tree_name);
+      if (!latest.ok() || *latest <= s->sent.load()) break;  // nothing new meanwhile
+    }
+  }
+  if (wake) {
+    std::lock_guard<std::mutex> lock(mu);
+    stream_cvs[tree_name].notify_all();
+  }
 }
 
 }  // namespace canopy::replication

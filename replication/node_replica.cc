@@ -131,10 +131,23 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
     if (data_follows) SetDataEpochLocked(tree_name, epoch);
     return Status::Ok();
   };
+  // Deltas applied since the last ACK: acked once no further message is
+  // already waiting (one ACK then covers several), or after kDeltasPerAck.
+  uint32_t unacked = 0;
   while (!stopping) {
-    auto m = conn.Receive(Deadline::After(options.heartbeat_interval));
+    if (unacked >= kDeltasPerAck) {
+      CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+      unacked = 0;
+    }
+    auto m = conn.Receive(unacked > 0 ? Deadline::After(std::chrono::nanoseconds(0))
+                                      : Deadline::After(options.heartbeat_interval));
     if (!m.ok()) {
       if (!m.status().IsTimeout()) return m.status();
+      if (unacked > 0) {  // nothing more queued: ACK what we applied
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        unacked = 0;
+        continue;
+      }
       if (Clock::now() - last_message > options.failure_timeout) {
         return Status::Timeout(fmt::format("leader {} of {} silent", leader, tree_name));
       }
@@ -170,7 +183,7 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
           return applied.status().WithContext("applying delta " + std::to_string(d.new_version));
         if (applied->version != d.new_version)
           return Status::Corruption("delta version does not match its header");
-        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        ++unacked;
         break;
       }
       case MessageType::kDeltaBatch: {
@@ -185,7 +198,7 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
         if (!applied.ok()) return applied.status().WithContext("applying a batch of deltas");
         if (*applied != b.base_version + b.deltas.size())
           return Status::Corruption("delta versions do not match their batch header");
-        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        ++unacked;
         break;
       }
       case MessageType::kSnapshotBegin: {
