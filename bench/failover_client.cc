@@ -95,6 +95,10 @@ int Run(int argc, char** argv) {
   opts.secret = *secret;
   opts.client_id = "failover-client";
   opts.timeout = std::chrono::milliseconds(timeout_ms + 1000);
+  // Every node, as etcdctl gets every endpoint: when the node this client
+  // talks to dies, it asks the others where the leader went instead of
+  // redialling the dead one until the commit's deadline.
+  opts.nodes = uris;
   std::unique_ptr<replication::Client> client;
   size_t next = 0;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
