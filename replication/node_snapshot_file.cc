@@ -8,6 +8,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -15,9 +18,9 @@
 namespace canopy::replication {
 namespace {
 
-// Bulk bytes are consumed in pieces of this size: between pieces the landed
-// blocks are checked and the replica tells the leader it is alive.
-constexpr uint64_t kBulkPieceBytes = 8u << 20;
+// Bulk bytes are consumed in pieces of this size; after each piece the
+// blocks now complete are checked.
+constexpr uint64_t kBulkPieceBytes = 2u << 20;
 
 }  // namespace
 
@@ -31,18 +34,31 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
     return f.ok() && f->info.version > 0 &&
            (f->info.version == latest || store->ReadDeltasSince(tree_name, f->info.version, 1).ok());
   };
+  // Stale: the deltas after it come to a quarter of its size or more. The
+  // replica would replay (decode, apply, log) them all, so a fresh file
+  // costs less than the tail.
+  auto stale = [&](const tree::CheckpointFile& f) {
+    if (f.info.version == latest) return false;
+    const uint64_t quarter = f.info.bytes / 4 + 1;
+    auto tail = store->ReadDeltasSince(tree_name, f.info.version, quarter);
+    if (!tail.ok()) return true;
+    uint64_t bytes = 0;
+    for (const auto& d : *tail) bytes += d.size();
+    return bytes >= quarter;
+  };
   auto file = store->OpenNewestCheckpointFile(tree_name);
-  if (!usable(file)) {
-    // No checkpoint the WAL continues from: write one now. It is also this
-    // node's next recovery base, and the file the next joiner is sent.
+  if (!usable(file) || stale(*file)) {
+    // No checkpoint the WAL continues from, or a stale one: write one now.
+    // It is also this node's next recovery base, and the file the next
+    // joiner is sent. Should that fail, a stale file still serves.
     auto made = store->Checkpoint(tree_name);
-    if (!made.ok()) {
-      CANOPY_LOG(kWarn, "node {}: no checkpoint of {} to send ({}); sending its blocks", node_id, tree_name,
+    if (made.ok()) {
+      file = store->OpenNewestCheckpointFile(tree_name);
+    } else {
+      CANOPY_LOG(kWarn, "node {}: could not write a checkpoint of {} to send: {}", node_id, tree_name,
                  made.status().ToString());
-      return false;
     }
-    file = store->OpenNewestCheckpointFile(tree_name);
-    if (!usable(file)) return false;
+    if (!usable(file)) return false;  // sent as blocks instead
   }
   const tree::CheckpointFileInfo& info = file->info;
   uint64_t offset = 0;
@@ -83,26 +99,51 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
     return installer.status();
   }
   tree::SnapshotFileInstaller& in = **installer;
+  // The stream's receive loop is not running meanwhile, so nothing else
+  // tells the leader we are alive: a repeated ACK (no new claim) once per
+  // heartbeat, from a thread of its own so that a slow piece (a loaded
+  // machine, a slow disk) cannot make the leader drop a transfer that is
+  // progressing. Send may run beside ReceiveBulk (transport.h).
+  std::mutex keepalive_mu;
+  std::condition_variable keepalive_cv;
+  bool receiving = true;
+  Status keepalive_status;
+  std::thread keepalive_thread([&] {
+    std::unique_lock<std::mutex> lock(keepalive_mu);
+    while (!keepalive_cv.wait_for(lock, options.heartbeat_interval, [&] { return !receiving; })) {
+      lock.unlock();
+      Status s = keepalive();
+      lock.lock();
+      if (!s.ok()) {
+        keepalive_status = s;
+        return;
+      }
+    }
+  });
+  Status s;
   uint64_t landed = f.offset;
-  auto last_keepalive = Clock::now();
-  while (landed < f.file_bytes) {
+  while (s.ok() && landed < f.file_bytes) {
     uint64_t piece = std::min(kBulkPieceBytes, f.file_bytes - landed);
-    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToFile(in.fd(), landed), piece,
-                                            Deadline::After(options.failure_timeout)));
+    // Bounded by the transport's own no-progress limit (io_timeout); a
+    // leader that dies mid-file is seen at once (reset or close).
+    s = conn.ReceiveBulk(transport::BulkSink::ToFile(in.fd(), landed), piece, Deadline::After(topts.io_timeout));
+    if (!s.ok()) break;
     landed += piece;
-    Status s = in.Landed(landed);
+    s = in.Landed(landed);
     if (!s.ok()) {
       CANOPY_LOG(kWarn, "node {}: snapshot of {} from {} refused: {}", node_id, tree_name, leader, s.ToString());
-      return s;
+      break;
     }
     Heard(leader);
-    // The stream's receive loop is not running meanwhile: tell the leader
-    // we are alive (a repeated ACK, no new claim) once per heartbeat.
-    if (Clock::now() - last_keepalive >= options.heartbeat_interval) {
-      CANOPY_RETURN_IF_ERROR(keepalive());
-      last_keepalive = Clock::now();
-    }
   }
+  {
+    std::lock_guard<std::mutex> lock(keepalive_mu);
+    receiving = false;
+  }
+  keepalive_cv.notify_all();
+  keepalive_thread.join();
+  if (!s.ok()) return s;
+  if (!keepalive_status.ok()) return keepalive_status;
   return installer;
 }
 
