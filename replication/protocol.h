@@ -49,8 +49,9 @@ namespace canopy::replication {
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
 // 2: ACK carries snapshots_installed; 3: HEARTBEAT probes (SWIM) and gossip
-// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids.
-inline constexpr uint32_t kProtocolVersion = 3;
+// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids;
+// 4: SNAPSHOT_FILE (checkpoint files on the bulk path), SUBSCRIBE resume offer.
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
 
