@@ -43,7 +43,8 @@
 // over (e.g. a restarted old leader with un-acked writes) is resynchronised
 // by snapshot, which replaces its divergent suffix whole.
 //
-// Not implemented here (see the report): node join streaming of ranges.
+// Node join: every tree a node now owns streams to it from its leader, its
+// newest checkpoint file whole on the bulk path, then deltas (README.md).
 //
 // Thread safety: Start/Stop from one thread; the node runs its own threads.
 #pragma once

@@ -359,8 +359,32 @@ struct Node::Impl {
   // Streams `sub.tree` to the subscribing replica until it goes away or we
   // stop leading the tree.
   Status LeadStream(transport::Connection& conn, const PeerIdentity& peer, const Subscribe& sub);
+  // A snapshot of the tree: its checkpoint file on the bulk path when it
+  // has one the WAL continues from (or can write one now), else its blocks
+  // as messages. `resume`: the replica's Subscribe, whose resume offer is
+  // honoured when it names the file sent.
   Status SendSnapshot(transport::Connection& conn, const std::string& replica, const std::string& tree_name,
-                      uint64_t epoch, uint64_t* sent);
+                      uint64_t epoch, uint64_t* sent, const Subscribe* resume = nullptr);
+
+  // ================================================ node_snapshot_file.cc: join on the bulk path
+  // Sends the newest checkpoint file of `tree_name` whole with SendWithBulk
+  // (SNAPSHOT_FILE), writing a checkpoint first when none is usable. False
+  // (nothing sent) when there is no file to send; an error only from the
+  // connection.
+  Result<bool> SendSnapshotFile(transport::Connection& conn, const std::string& replica,
+                                const std::string& tree_name, uint64_t epoch, uint64_t* sent,
+                                const Subscribe* resume);
+  // Receives the bulk bytes of SNAPSHOT_FILE `m` straight into the store's
+  // file (SnapshotFileInstaller), checking each block as it lands and
+  // repeating `keepalive` (the last ACK) once per heartbeat. Returns the
+  // installer, complete and ready for Finish(); the caller checks the epoch
+  // first. ResourceExhausted (announced size refused, nothing written) or
+  // Corruption end the stream.
+  Result<std::unique_ptr<tree::SnapshotFileInstaller>> ReceiveSnapshotFile(
+      transport::Connection& conn, const std::string& tree_name, const std::string& leader,
+      const transport::Message& m, const SnapshotFile& f, const std::function<Status()>& keepalive);
+  // Fills the resume offer of `sub` from the store's partial file of its tree.
+  void OfferResume(Subscribe* sub);
   Status SendStream(transport::Connection& conn, const std::string& replica, const Subscribe& sub,
                     uint64_t epoch, bool force_snapshot, const std::atomic<bool>& done);
   Status StreamLoop(StreamSender& s, const std::atomic<bool>& done);

@@ -128,11 +128,15 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
 }
 
 Status Node::Impl::SendSnapshot(transport::Connection& conn, const std::string& replica,
-                                const std::string& tree_name, uint64_t epoch, uint64_t* sent) {
-  // The snapshot is the newest checkpoint file's blocks as they are (read in
-  // place: nothing is encoded); the deltas after it follow from the WAL. The
-  // in-memory latest version is encoded only when there is no checkpoint, or
-  // the WAL does not reach back to it.
+                                const std::string& tree_name, uint64_t epoch, uint64_t* sent,
+                                const Subscribe* resume) {
+  // The snapshot is the newest checkpoint file, sent whole on the bulk path
+  // (node_snapshot_file.cc); the deltas after it follow from the WAL.
+  CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, replica, tree_name, epoch, sent, resume));
+  if (file_sent) return Status::Ok();
+  // No file to send: the newest checkpoint's blocks as messages (read in
+  // place: nothing is encoded), or the in-memory latest version encoded when
+  // there is no checkpoint, or the WAL does not reach back to it.
   CANOPY_ASSIGN_OR_RETURN(tree::Version v, store->Latest(tree_name));
   if (auto checkpoint = store->NewestCheckpoint(tree_name); checkpoint.ok() && checkpoint->number() > 0) {
     if (checkpoint->number() == v.number() || store->ReadDeltasSince(tree_name, checkpoint->number(), 1).ok()) {
@@ -167,7 +171,7 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
   CANOPY_ASSIGN_OR_RETURN(uint64_t latest, store->LatestVersion(tree_name));
   if (sent > latest) force_snapshot = true;            // it holds versions we never had
   if (sent == 0 && latest > 0) force_snapshot = true;  // a new replica (node join): bulk install
-  if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent));
+  if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent, &sub));
   auto sender = std::make_shared<StreamSender>(conn, replica, tree_name, epoch, sent);
   // A snapshot counts as a full window: committers send once it is acked.
   if (force_snapshot) sender->NoteSnapshot();

@@ -100,7 +100,9 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
     std::lock_guard<std::mutex> lock(mu);
     data_epoch = trees[tree_name].data_epoch;
   }
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, Subscribe{tree_name, epoch, have, node_id, data_epoch}));
+  Subscribe sub{tree_name, epoch, have, node_id, data_epoch};
+  OfferResume(&sub);  // an interrupted checkpoint file transfer continues where it stopped
+  CANOPY_RETURN_IF_ERROR(SendMessage(conn, sub));
   uint64_t last_acked = 0;
   uint64_t snapshots_installed = 0;  // on this stream
   CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
@@ -168,7 +170,9 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
       continue;
     }
     last_message = Clock::now();
-    if (m->bulk_bytes != 0) return Status::Corruption("unexpected bulk bytes from leader");
+    if (m->bulk_bytes != 0 && m->type != static_cast<uint16_t>(MessageType::kSnapshotFile)) {
+      return Status::Corruption("unexpected bulk bytes from leader");
+    }
     switch (static_cast<MessageType>(m->type)) {
       case MessageType::kDelta: {
         CANOPY_ASSIGN_OR_RETURN(Delta d, DecodeDelta(m->payload));
@@ -244,6 +248,25 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
         }
         ++snapshots_installed;
         metrics->SnapshotInstalled(snapshot_bytes);
+        CANOPY_LOG(kInfo, "node {}: installed snapshot of {} at version {}", node_id, tree_name, v.number());
+        CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+        break;
+      }
+      case MessageType::kSnapshotFile: {
+        CANOPY_ASSIGN_OR_RETURN(SnapshotFile f, DecodeSnapshotFile(m->payload));
+        if (f.epoch != epoch) return Status::Conflict("SNAPSHOT_FILE of another epoch: refused");
+        CANOPY_ASSIGN_OR_RETURN(auto file, ReceiveSnapshotFile(conn, tree_name, leader, *m, f, [&] {
+                                  return SendMessage(conn, Ack{tree_name, epoch, last_acked, snapshots_installed});
+                                }));
+        CANOPY_RETURN_IF_ERROR(check_epoch(f.epoch));
+        CANOPY_ASSIGN_OR_RETURN(tree::Version v, file->Finish());
+        if (v.number() != f.version) return Status::Corruption("installed checkpoint file version mismatch");
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          ++trees[tree_name].snapshots_received;
+        }
+        ++snapshots_installed;
+        metrics->SnapshotInstalled(f.file_bytes - f.offset);
         CANOPY_LOG(kInfo, "node {}: installed snapshot of {} at version {}", node_id, tree_name, v.number());
         CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
         break;

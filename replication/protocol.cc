@@ -161,6 +161,7 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kSnapshotBegin: return "SNAPSHOT_BEGIN";
     case MessageType::kSnapshotChunk: return "SNAPSHOT_CHUNK";
     case MessageType::kSnapshotEnd: return "SNAPSHOT_END";
+    case MessageType::kSnapshotFile: return "SNAPSHOT_FILE";
     case MessageType::kDelta: return "DELTA";
     case MessageType::kDeltaBatch: return "DELTA_BATCH";
     case MessageType::kAck: return "ACK";
@@ -240,6 +241,7 @@ TYPE_OF(Subscribe, kSubscribe)
 TYPE_OF(SnapshotBegin, kSnapshotBegin)
 TYPE_OF(SnapshotChunk, kSnapshotChunk)
 TYPE_OF(SnapshotEnd, kSnapshotEnd)
+TYPE_OF(SnapshotFile, kSnapshotFile)
 TYPE_OF(Delta, kDelta)
 TYPE_OF(DeltaBatch, kDeltaBatch)
 TYPE_OF(Ack, kAck)
@@ -341,6 +343,10 @@ std::string Encode(const Subscribe& m) {
   w.U64(m.have_version);
   w.Bytes(m.node_id);
   w.U64(m.data_epoch);
+  w.U64(m.partial_version);
+  w.U64(m.partial_bytes);
+  w.U64(m.partial_digest);
+  w.U64(m.partial_offset);
   return w.Finish();
 }
 Result<Subscribe> DecodeSubscribe(std::string_view payload) {
@@ -351,6 +357,35 @@ Result<Subscribe> DecodeSubscribe(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.have_version, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.node_id, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.data_epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_bytes, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_offset, r.U64());
+  if (m.partial_offset > m.partial_bytes) return Status::Corruption("SUBSCRIBE resume offset past the file's end");
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const SnapshotFile& m) {
+  PayloadWriter w(MessageType::kSnapshotFile);
+  w.Bytes(m.tree);
+  w.U64(m.epoch);
+  w.U64(m.version);
+  w.U64(m.file_bytes);
+  w.U64(m.digest);
+  w.U64(m.offset);
+  return w.Finish();
+}
+Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kSnapshotFile);
+  SnapshotFile m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.file_bytes, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.offset, r.U64());
+  if (m.offset > m.file_bytes) return Status::Corruption("SNAPSHOT_FILE offset past the file's end");
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

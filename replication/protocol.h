@@ -49,8 +49,10 @@ namespace canopy::replication {
 inline constexpr uint8_t kWireVersion = 1;
 // Version of the replication protocol negotiated in HELLO.
 // 2: ACK carries snapshots_installed; 3: HEARTBEAT probes (SWIM) and gossip
-// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids.
-inline constexpr uint32_t kProtocolVersion = 3;
+// digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids;
+// 4: SNAPSHOT_FILE (checkpoint files on the bulk path), SUBSCRIBE resume offer,
+// STATUS_REPLY names the metadata raft leader.
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
 
@@ -73,6 +75,7 @@ enum class MessageType : uint16_t {
   kDelta = 0x0114,
   kAck = 0x0115,
   kHeartbeat = 0x0116,
+  kSnapshotFile = 0x0117,
   kError = 0x011f,
   kCommitRequest = 0x0120,
   kCommitReply = 0x0121,
@@ -142,6 +145,13 @@ struct Subscribe {
   // its predecessor's up to the version it took over at; otherwise it sends
   // a snapshot, which replaces any divergent suffix the replica may hold.
   uint64_t data_epoch = 0;
+  // Resume of a checkpoint file transfer that broke off (SnapshotFile): the
+  // replica holds the first partial_offset bytes, checked, of the file
+  // named by (partial_version, partial_bytes, partial_digest). All 0: none.
+  uint64_t partial_version = 0;
+  uint64_t partial_bytes = 0;
+  uint64_t partial_digest = 0;
+  uint64_t partial_offset = 0;
   bool operator==(const Subscribe&) const = default;
 };
 
@@ -167,6 +177,23 @@ struct SnapshotEnd {
   uint64_t version = 0;
   uint64_t chunks = 0;
   bool operator==(const SnapshotEnd&) const = default;
+};
+
+// A checkpoint file sent whole on the bulk path (node join, catch-up): the
+// frame's bulk bytes are bytes [offset, file_bytes) of the leader's newest
+// checkpoint of `tree` (CBK1 blocks, tree/snapshot.h), whose identity the
+// message names; the replica writes them straight into a file, checks every
+// block and uses the file in place. The deltas after `version` follow on
+// the stream. `offset` is the replica's resume offer from its Subscribe when
+// the leader's file is the one offered, else 0.
+struct SnapshotFile {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t version = 0;
+  uint64_t file_bytes = 0;
+  uint64_t digest = 0;  // Version::Digest of the tree at `version`
+  uint64_t offset = 0;
+  bool operator==(const SnapshotFile&) const = default;
 };
 
 struct Delta {
@@ -466,6 +493,7 @@ std::string Encode(const Subscribe& m);
 std::string Encode(const SnapshotBegin& m);
 std::string Encode(const SnapshotChunk& m);
 std::string Encode(const SnapshotEnd& m);
+std::string Encode(const SnapshotFile& m);
 std::string Encode(const Delta& m);
 std::string Encode(const DeltaBatch& m);
 std::string Encode(const Ack& m);
@@ -494,6 +522,7 @@ MessageType TypeOf(const Subscribe&);
 MessageType TypeOf(const SnapshotBegin&);
 MessageType TypeOf(const SnapshotChunk&);
 MessageType TypeOf(const SnapshotEnd&);
+MessageType TypeOf(const SnapshotFile&);
 MessageType TypeOf(const Delta&);
 MessageType TypeOf(const DeltaBatch&);
 MessageType TypeOf(const Ack&);
@@ -522,6 +551,7 @@ Result<Subscribe> DecodeSubscribe(std::string_view payload);
 Result<SnapshotBegin> DecodeSnapshotBegin(std::string_view payload);
 Result<SnapshotChunk> DecodeSnapshotChunk(std::string_view payload);
 Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload);
+Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);
 Result<Ack> DecodeAck(std::string_view payload);

@@ -61,6 +61,12 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(SnapshotBegin{"t", 1, 77}, &DecodeSnapshotBegin);
   RoundTrip(SnapshotChunk{"t", 1, 5, std::string("\0\1\2chunk", 8)}, &DecodeSnapshotChunk);
   RoundTrip(SnapshotEnd{"t", 1, 77, 6}, &DecodeSnapshotEnd);
+  RoundTrip(Subscribe{"tree-1", 4, 0, "2", 3, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSubscribe);
+  RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 0}, &DecodeSnapshotFile);
+  RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSnapshotFile);
+  // A resume offset past the file's end is malformed, not a huge seek.
+  EXPECT_TRUE(DecodeSnapshotFile(Encode(SnapshotFile{"t", 1, 77, 100, 1, 101})).status().IsCorruption());
+  EXPECT_TRUE(DecodeSubscribe(Encode(Subscribe{"t", 1, 0, "2", 0, 7, 100, 1, 101})).status().IsCorruption());
   RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
   RoundTrip(DeltaBatch{"t", 2, 10, {"delta-11", "delta-12", std::string(300, 'd')}}, &DecodeDeltaBatch);
   EXPECT_TRUE(DecodeDeltaBatch(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -378,12 +380,48 @@ class InstallerImpl final : public SnapshotInstaller {
   bool finished_ = false;
 };
 
+// Node join on the bulk path (store.h, SnapshotFileInstaller).
+class FileInstallerImpl final : public SnapshotFileInstaller {
+ public:
+  FileInstallerImpl(StoreImpl* store, std::string tree, CheckpointFileInfo info, std::string path)
+      : store_(store), tree_(std::move(tree)), info_(info), path_(std::move(path)) {}
+  ~FileInstallerImpl() override;
+  // Opens the partial file (a resume: `offset` bytes held) and checks what it holds.
+  Status Open(uint64_t offset);
+
+  const CheckpointFileInfo& info() const override { return info_; }
+  int fd() const override { return file_.get(); }
+  uint64_t resume_offset() const override { return resume_offset_; }
+  Status Landed(uint64_t bytes) override;
+  Result<Version> Finish() override;
+
+ private:
+  // Feeds every whole block in [checked_, landed) to reader_. With
+  // `stop_at_bad` (checking what a resume found) a bad or torn block ends
+  // the check quietly there instead of failing.
+  Status CheckBlocks(uint64_t landed, bool stop_at_bad);
+  Status Fail(Status s);
+
+  StoreImpl* store_;
+  std::string tree_;
+  CheckpointFileInfo info_;
+  std::string path_;  // <store>/partial/<tree>/<identity>
+  UniqueFd file_;
+  std::unique_ptr<SnapshotReader> reader_ = std::make_unique<SnapshotReader>(SnapshotReader::Keep::kNothing);
+  uint64_t checked_ = 0;  // the blocks in [0, checked_) passed reader_
+  uint64_t landed_ = 0;
+  uint64_t resume_offset_ = 0;
+  Status error_;
+  bool finished_ = false;
+};
+
 class StoreImpl final : public Store {
  public:
   StoreImpl(std::string dir, StoreOptions options)
       : dir_(std::move(dir)),
         trees_dir_(JoinPath(dir_, "trees")),
         tmp_dir_(JoinPath(dir_, "tmp")),
+        partial_dir_(JoinPath(dir_, "partial")),
         options_(options) {}
 
   ~StoreImpl() override {
@@ -402,6 +440,7 @@ class StoreImpl final : public Store {
   Status Init() {
     CANOPY_RETURN_IF_ERROR(CreateDirs(trees_dir_));
     CANOPY_RETURN_IF_ERROR(CreateDirs(tmp_dir_));
+    CANOPY_RETURN_IF_ERROR(CreateDirs(partial_dir_));
     std::string lock_path = JoinPath(dir_, "LOCK");
     CANOPY_ASSIGN_OR_RETURN(lock_fd_, OpenFile(lock_path, O_RDWR | O_CREAT, 0644));
     if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
@@ -687,6 +726,113 @@ class StoreImpl final : public Store {
     return std::unique_ptr<SnapshotInstaller>(std::make_unique<InstallerImpl>(this, std::string(tree), dir));
   }
 
+  Result<CheckpointFile> OpenNewestCheckpointFile(std::string_view tree) override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    // Opened under maintenance_mu (no checkpoint written, deleted or
+    // installed meanwhile), so the descriptor is the file NewestCheckpoint
+    // checked; it stays readable if the file is deleted later.
+    CANOPY_ASSIGN_OR_RETURN(Version v, NewestCheckpoint(tree));
+    std::lock_guard mlk(t->maintenance_mu);
+    uint64_t cv = 0;
+    {
+      std::lock_guard lk(t->mu);
+      cv = t->checkpoint_version;
+    }
+    if (cv != v.number()) return Status::Unavailable(TreeLabel(*t) + ": a newer checkpoint is being written");
+    std::string path = JoinPath(t->dir, CheckpointName(cv));
+    CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + path);
+    CheckpointFile f;
+    f.info = CheckpointFileInfo{cv, static_cast<uint64_t>(st.st_size), v.Digest()};
+    f.fd = std::move(fd);
+    return f;
+  }
+
+  Result<PartialFile> PartialCheckpointFile(std::string_view tree) const override {
+    CANOPY_RETURN_IF_ERROR(ValidateTreeName(tree));
+    std::string tree_partial = JoinPath(partial_dir_, tree);
+    if (!PathExists(tree_partial)) return Status::NotFound("no partial checkpoint file of tree '" + std::string(tree) + "'");
+    CANOPY_ASSIGN_OR_RETURN(auto names, ListDir(tree_partial));
+    for (const auto& name : names) {
+      PartialFile p;
+      if (!ParsePartialName(name, &p.info)) continue;
+      auto size = FileSize(JoinPath(tree_partial, name));
+      if (!size.ok() || *size == 0 || *size > p.info.bytes) continue;
+      p.held = *size;
+      return p;
+    }
+    return Status::NotFound("no partial checkpoint file of tree '" + std::string(tree) + "'");
+  }
+
+  static std::string PartialName(const CheckpointFileInfo& f) {
+    return fmt::format("{}-{}-{:016x}", f.version, f.bytes, f.digest);
+  }
+  static bool ParsePartialName(const std::string& name, CheckpointFileInfo* f) {
+    unsigned long long v = 0, b = 0, d = 0;
+    int end = 0;
+    if (std::sscanf(name.c_str(), "%llu-%llu-%16llx%n", &v, &b, &d, &end) != 3) return false;
+    if (static_cast<size_t>(end) != name.size()) return false;
+    *f = CheckpointFileInfo{v, b, d};
+    return PartialName(*f) == name;
+  }
+
+  Result<std::unique_ptr<SnapshotFileInstaller>> BeginSnapshotFileInstall(std::string_view tree,
+                                                                          const CheckpointFileInfo& file,
+                                                                          uint64_t offset) override {
+    CANOPY_RETURN_IF_ERROR(ValidateTreeName(tree));
+    const std::string label = "checkpoint file of tree '" + std::string(tree) + "' at version " +
+                              std::to_string(file.version);
+    // Everything announced is checked before anything is created.
+    if (file.bytes > options_.max_install_file_bytes) {
+      return Status::ResourceExhausted(fmt::format("{} announced as {} bytes: refused, over the limit of {} bytes "
+                                                   "(--max-snapshot-bytes)",
+                                                   label, file.bytes, options_.max_install_file_bytes));
+    }
+    if (file.bytes < 2 * kChunkOverheadBytes) {
+      return Status::Corruption(fmt::format("{} announced as {} bytes: too short to be a checkpoint", label,
+                                            file.bytes));
+    }
+    std::string tree_partial = JoinPath(partial_dir_, tree);
+    std::string name = PartialName(file);
+    std::string path = JoinPath(tree_partial, name);
+    uint64_t held = 0;
+    if (offset > 0) {
+      if (auto size = FileSize(path); size.ok()) held = *size;
+      if (held != offset) {
+        (void)RemoveFile(path);
+        return Status::InvalidArgument(fmt::format("{}: the sender resumes at byte {}, but {} bytes are held here",
+                                                   label, offset, held));
+      }
+    }
+    struct statvfs fs {};
+    if (::statvfs(dir_.c_str(), &fs) == 0) {
+      uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+      if (file.bytes - held > free_bytes) {
+        return Status::ResourceExhausted(fmt::format("{} announced as {} bytes: refused, only {} bytes free in {}",
+                                                     label, file.bytes, free_bytes, dir_));
+      }
+    }
+    // One partial file per tree: any other (an older checkpoint) goes.
+    CANOPY_RETURN_IF_ERROR(CreateDirs(tree_partial));
+    CANOPY_ASSIGN_OR_RETURN(auto others, ListDir(tree_partial));
+    for (const auto& other : others) {
+      if (other != name) CANOPY_RETURN_IF_ERROR(RemoveFile(JoinPath(tree_partial, other)));
+    }
+    if (offset == 0) CANOPY_RETURN_IF_ERROR(RemoveFile(path));
+    auto installer = std::make_unique<FileInstallerImpl>(this, std::string(tree), file, path);
+    CANOPY_RETURN_IF_ERROR(installer->Open(offset));
+    return std::unique_ptr<SnapshotFileInstaller>(std::move(installer));
+  }
+
+  // A fresh private directory under <store>/tmp for an install.
+  Result<std::string> NewInstallDir() {
+    std::string dir = JoinPath(
+        tmp_dir_, "install-" + std::to_string(::getpid()) + "-" + std::to_string(tmp_counter_.fetch_add(1)));
+    if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoStatus(errno, "mkdir " + dir);
+    return dir;
+  }
+
   // Moves the finished install directory into place as tree `name` at version `v`.
   Status PublishInstall(const std::string& name, const std::string& install_dir, const Version& v) {
     std::string tree_dir = JoinPath(trees_dir_, name);
@@ -752,6 +898,7 @@ class StoreImpl final : public Store {
   const StoreOptions& options() const override { return options_; }
 
   const std::string& tmp_dir() const { return tmp_dir_; }
+  const std::string& partial_dir() const { return partial_dir_; }
 
  private:
   bool SyncsFiles() const { return options_.fsync != FsyncPolicy::kNone; }
@@ -1262,6 +1409,7 @@ class StoreImpl final : public Store {
   const std::string dir_;
   const std::string trees_dir_;
   const std::string tmp_dir_;
+  const std::string partial_dir_;  // SnapshotFileInstaller's files, kept for a resume
   const StoreOptions options_;
   UniqueFd lock_fd_;
   std::atomic<uint64_t> tmp_counter_{0};
@@ -1320,6 +1468,145 @@ Result<Version> InstallerImpl::Finish() {
   if (s.ok()) s = FsyncDir(dir_);
   if (s.ok()) s = store_->PublishInstall(tree_, dir_, *v);
   if (!s.ok()) return error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
+  finished_ = true;
+  return Version(tree_, v->number(), v->root());
+}
+
+
+FileInstallerImpl::~FileInstallerImpl() {
+  if (finished_ || !file_) return;
+  // Interrupted: keep the checked blocks for a resume, nothing after them.
+  if (checked_ == 0 || ::ftruncate(file_.get(), static_cast<off_t>(checked_)) != 0) {
+    file_.Reset();
+    (void)RemoveFile(path_);
+    return;
+  }
+  file_.Reset();
+}
+
+Status FileInstallerImpl::Fail(Status s) {
+  error_ = s.WithContext("installing the checkpoint file of tree '" + tree_ + "' at version " +
+                         std::to_string(info_.version));
+  file_.Reset();
+  (void)RemoveFile(path_);
+  return error_;
+}
+
+Status FileInstallerImpl::Open(uint64_t offset) {
+  CANOPY_ASSIGN_OR_RETURN(file_, OpenFile(path_, O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (offset > 0) {
+    // The sender continues after these bytes: they must check out whole.
+    Status s = CheckBlocks(offset, /*stop_at_bad=*/true);
+    if (!s.ok()) return s;
+    if (checked_ != offset) {
+      // Keep the good blocks (the next offer names exactly those), not this installer.
+      error_ = Status::InvalidArgument(
+          fmt::format("{}: only {} of the {} bytes held check out; the sender resumes after them", path_,
+                      checked_, offset));
+      if (::ftruncate(file_.get(), static_cast<off_t>(checked_)) != 0 || checked_ == 0) {
+        file_.Reset();
+        (void)RemoveFile(path_);
+      }
+      file_.Reset();
+      return error_;
+    }
+  }
+  resume_offset_ = landed_ = checked_;
+  if (resume_offset_ > 0) {
+    CANOPY_LOG(kInfo, "{}: resuming at byte {} of {} (checked blocks kept from an interrupted transfer)", path_,
+               resume_offset_, info_.bytes);
+  }
+  return Status::Ok();
+}
+
+Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
+  if (landed <= checked_) return Status::Ok();
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = checked_ / page * page;
+  const size_t map_len = static_cast<size_t>(landed - start);
+  void* p = ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED, file_.get(), static_cast<off_t>(start));
+  if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
+  const char* base = static_cast<const char*>(p) + (checked_ - start);
+  const uint64_t avail = landed - checked_;
+  uint64_t pos = 0;
+  Status s;
+  while (avail - pos >= 8) {
+    auto len = SnapshotChunkLength(std::string_view(base + pos, 8));
+    if (!len.ok()) {
+      s = len.status();
+      break;
+    }
+    if (*len > avail - pos) break;  // its end has not landed yet
+    s = reader_->AddChunk(std::string_view(base + pos, *len));
+    if (!s.ok()) break;
+    pos += *len;
+  }
+  ::munmap(p, map_len);
+  if (s.ok()) {
+    checked_ += pos;
+    return s;
+  }
+  if (!stop_at_bad) return Fail(s.WithContext(path_ + " at byte " + std::to_string(checked_ + pos)));
+  // A resume found a torn or bad block: keep what precedes it. The reader
+  // refused that block and is dead, so check the good prefix again afresh.
+  const uint64_t good = checked_ + pos;
+  CANOPY_LOG(kInfo, "{}: kept bytes end in a bad block at byte {} ({}); resuming from there", path_, good,
+             s.ToString());
+  reader_ = std::make_unique<SnapshotReader>(SnapshotReader::Keep::kNothing);
+  checked_ = 0;
+  return CheckBlocks(good, /*stop_at_bad=*/false);
+}
+
+Status FileInstallerImpl::Landed(uint64_t bytes) {
+  if (!error_.ok()) return error_;
+  if (finished_) return Status::InvalidArgument("checkpoint file install already finished");
+  if (bytes < landed_ || bytes > info_.bytes) {
+    return Fail(Status::InvalidArgument("Landed(" + std::to_string(bytes) + ") after " + std::to_string(landed_) +
+                                        " of " + std::to_string(info_.bytes) + " bytes"));
+  }
+  landed_ = bytes;
+  CANOPY_RETURN_IF_ERROR(CheckBlocks(bytes, /*stop_at_bad=*/false));
+  if (store_->options().install_fsync_each_chunk) {  // benchmark knob (StoreOptions)
+    Status s = FsyncFd(file_.get(), path_);
+    if (!s.ok()) return Fail(s);
+  }
+  return Status::Ok();
+}
+
+Result<Version> FileInstallerImpl::Finish() {
+  if (!error_.ok()) return error_;
+  if (finished_) return Status::InvalidArgument("checkpoint file install already finished");
+  if (checked_ != info_.bytes || !reader_->complete()) {
+    return Fail(Status::Corruption(fmt::format("{}: {} of {} bytes checked{}", path_, checked_, info_.bytes,
+                                               reader_->complete() ? "" : ", no TAIL block")));
+  }
+  if (reader_->tree() != tree_ || reader_->version() != info_.version) {
+    return Fail(Status::Corruption(fmt::format("{}: holds tree '{}' version {}", path_, reader_->tree(),
+                                               reader_->version())));
+  }
+  // The one sync of the file; then it moves into a private install
+  // directory, is mapped in place and published like any snapshot install.
+  Status s = FsyncFd(file_.get(), path_);
+  if (!s.ok()) return Fail(s);
+  file_.Reset();
+  auto dir = store_->NewInstallDir();
+  if (!dir.ok()) return Fail(dir.status());
+  const std::string path = JoinPath(*dir, CheckpointName(info_.version));
+  s = RenameFile(path_, path);
+  Result<Version> v = Status::Corruption("");
+  if (s.ok()) {
+    v = reader_->FinishFromFile(path);
+    if (!v.ok()) s = v.status();
+  }
+  if (s.ok() && v->Digest() != info_.digest) {
+    s = Status::Corruption(fmt::format("{}: digest {:016x}, announced {:016x}", path, v->Digest(), info_.digest));
+  }
+  if (s.ok()) s = FsyncDir(*dir);
+  if (s.ok()) s = store_->PublishInstall(tree_, *dir, *v);
+  if (!s.ok()) {
+    (void)RemoveTree(*dir);
+    return Fail(s);
+  }
   finished_ = true;
   return Version(tree_, v->number(), v->root());
 }

@@ -76,6 +76,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/fd.h"
 #include "base/result.h"
 #include "base/status.h"
 #include "tree/delta.h"
@@ -132,6 +133,10 @@ struct StoreOptions {
   bool install_fsync_each_chunk = false;
   // Past versions kept readable (At, Pin).
   RetentionPolicy retention;
+  // The largest checkpoint file a SnapshotFileInstaller accepts (node join
+  // on the bulk path): a sender announcing more is refused before anything
+  // is created or written. `canopy node --max-snapshot-bytes`.
+  uint64_t max_install_file_bytes = uint64_t{1} << 40;
 };
 
 // The range of versions of one tree that At() can read now.
@@ -200,6 +205,60 @@ class SnapshotInstaller {
   // is bad or names another tree; the installer is then unusable.
   virtual Status AddChunk(std::string_view chunk) = 0;
   // Corruption if the stream is incomplete. On success returns the installed version.
+  virtual Result<Version> Finish() = 0;
+};
+
+// One checkpoint file as a sender announces it (node join on the bulk path).
+struct CheckpointFileInfo {
+  uint64_t version = 0;  // the tree version the file holds
+  uint64_t bytes = 0;    // its exact length
+  uint64_t digest = 0;   // Version::Digest of that version (names the content)
+  bool operator==(const CheckpointFileInfo&) const = default;
+};
+
+// An open checkpoint file to send whole (Store::OpenNewestCheckpointFile).
+// The descriptor stays readable even if the store deletes the file (a newer
+// checkpoint) while it is being sent. Move-only; closes on destruction.
+struct CheckpointFile {
+  CheckpointFileInfo info;
+  UniqueFd fd;
+};
+
+// Receives one whole checkpoint file (node join and catch-up on the bulk
+// path: the sender's file bytes land in a file here, e.g. spliced from a
+// socket, and are used in place). The file is written by the caller through
+// fd() at offsets [resume_offset(), info.bytes), in order; after each piece
+// the caller reports the length written so far with Landed(), which checks
+// every block (CRC first, then structure) that is now complete. Finish()
+// checks that the file is complete, fsyncs it once, renames it into place
+// and publishes the tree in place (no decode pass), exactly as
+// SnapshotInstaller::Finish does; the deltas after the checkpoint follow as
+// usual.
+//
+// Resume: while the transfer is under way the file lives under
+// <store>/partial/<tree>/, named by its CheckpointFileInfo. An installer
+// destroyed unfinished (connection lost) leaves the blocks it has checked
+// there (a killed process leaves what reached the file; the next Begin
+// keeps its good whole blocks); Store::PartialCheckpointFile offers them to
+// the sender, and a BeginSnapshotFileInstall of the same tree and file at
+// that offset checks them again and continues after them, so they are not
+// fetched again. Any other partial file of the tree is deleted then. A
+// corrupt file (Landed or Finish returned Corruption) is deleted at once:
+// no half file stays in place. Used by one thread at a time.
+class SnapshotFileInstaller {
+ public:
+  virtual ~SnapshotFileInstaller() = default;
+  virtual const CheckpointFileInfo& info() const = 0;
+  // Where to write the file's bytes (pwrite, or transport::BulkSink::ToFile).
+  virtual int fd() const = 0;
+  // Bytes already held and checked from an interrupted transfer of this file.
+  virtual uint64_t resume_offset() const = 0;
+  // The first `bytes` bytes of the file are written. Corruption (and the
+  // installer is dead, the file removed) if a block among them is bad;
+  // InvalidArgument if `bytes` goes backwards or past info().bytes.
+  virtual Status Landed(uint64_t bytes) = 0;
+  // Corruption if the file is incomplete or is not of this tree at
+  // info().version; on success the tree is installed at that version.
   virtual Result<Version> Finish() = 0;
 };
 
@@ -313,6 +372,32 @@ class Store {
 
   // Starts installing a snapshot of `tree` (which need not exist yet).
   virtual Result<std::unique_ptr<SnapshotInstaller>> BeginSnapshotInstall(std::string_view tree) = 0;
+
+  // The newest checkpoint of `tree` opened for sending whole (its identity
+  // and a descriptor); NotFound if the tree has none.
+  virtual Result<CheckpointFile> OpenNewestCheckpointFile(std::string_view tree) = 0;
+  // Starts receiving checkpoint file `file` of `tree` (which need not exist
+  // yet). Checked before anything is created or written: ResourceExhausted
+  // if file.bytes is over StoreOptions::max_install_file_bytes or over the
+  // free space of the store's file system (what is already held for a
+  // resume counts as held); Corruption if it is too short to be a
+  // checkpoint; InvalidArgument for a bad tree name.
+  // `offset` is where the sender starts: 0, or exactly the checked bytes
+  // this store holds of the same file (what PartialCheckpointFile offered);
+  // anything else is InvalidArgument and the partial file is deleted. The
+  // installer's resume_offset() is `offset`.
+  virtual Result<std::unique_ptr<SnapshotFileInstaller>> BeginSnapshotFileInstall(std::string_view tree,
+                                                                                  const CheckpointFileInfo& file,
+                                                                                  uint64_t offset = 0) = 0;
+  // The partial checkpoint file an interrupted SnapshotFileInstaller of
+  // `tree` left (its identity, and in `held` the bytes kept: whole checked
+  // blocks, though a later Begin checks them again), to offer the sender
+  // for a resume. NotFound if there is none.
+  struct PartialFile {
+    CheckpointFileInfo info;
+    uint64_t held = 0;
+  };
+  virtual Result<PartialFile> PartialCheckpointFile(std::string_view tree) const = 0;
 
   // Syncs every tree's WAL now, whatever the policy.
   virtual Status SyncAll() = 0;

@@ -15,7 +15,13 @@
 # seconds. A second comparison divides the same bytes by the streaming time
 # alone (first "receiving snapshot" to last "installed snapshot" line: no
 # process start, gossip or raft join). dd is the ceiling for writing those
-# bytes; the ratio says how close the join gets.
+# bytes; the ratio says how close the join gets. The streaming time is also
+# set beside rcopy of as many bytes (one file, tmpfs -> tmpfs, over the same
+# tcp://127.0.0.1), the ceiling of the transport itself: goal >= 0.9x.
+# Each tree reaches the joiner as its leader's checkpoint file sent whole
+# (SNAPSHOT_FILE: sendfile, spliced into the joiner's file; see
+# replication/README.md); the loaded trees have no checkpoint yet, so each
+# leader writes one when the joiner asks, inside the measured time.
 # On a disk too (issue 15): when BENCH_DISK_DIR (default /var/tmp) is on a
 # block device, each rep also joins with the joiner's data dir there, next to
 # dd on the same file system, once as the machine is and (as root, quick and
@@ -28,6 +34,8 @@ source "$BENCH_REPO/bench/lib.sh"
 
 canopy=$BENCH_BUILD/tools/canopy/canopy
 [[ -x $canopy ]] || { bench_log "$canopy not built"; exit 1; }
+rcopy=$BENCH_BUILD/tools/rcopy/rcopy
+[[ -x $rcopy ]] || { bench_log "$rcopy not built"; exit 1; }
 reps=${BENCH_REPS:-3}
 join_mib=$(bench_pick 32 256 1024)  # about this many MiB reach the joiner
 tree_mib=$(bench_pick 4 16 16)      # each tree: tree_mib attributes of 1 MiB in its root
@@ -171,6 +179,9 @@ join_sample() {
   done
   secs=$(bench_elapsed "$t0" "$end")
   stream_s=$(bench_elapsed "$(log_ts "$(grep 'receiving snapshot of ' "$jlog" | sort | head -n 1)")" "$end")
+  # Keep the joiner's log beside the run's logs (bench/run: OUT/logs/).
+  local logs=${BENCH_OUT%/fragments/*}/logs
+  [[ -d $logs ]] && cp "$jlog" "$logs/join_dd-joiner-$label-$rep.log"
   t_sync=$(bench_now)
   sync -f "$joiner"
   SYNC_SECONDS=$(bench_elapsed "$t_sync" "$(bench_now)")
@@ -195,6 +206,36 @@ dd_sample() {
   [[ $bytes =~ ^[0-9]+$ && $secs =~ ^[0-9.e+-]+$ ]] || { bench_log "cannot parse dd's report: $out"; return 1; }
   jq -cn --arg l "$label" --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" --arg out "$out" --arg dir "$dir" \
     '{label: $l, rep: $r, seconds: $s, bytes: $b, dd: $out, dir: $dir}' >> "$runs"
+  bench_gbps "$bytes" "$secs"
+}
+
+# rcopy_sample REP MIB -> Gbit/s by wall clock of one rcopy of a file of
+# random bytes (MIB MiB at the first call) over tcp://127.0.0.1 into the
+# rcopy server's root on the same tmpfs.
+rcopy_port="" rcopy_pid="" rcopy_mib=0
+rcopy_sample() {
+  local rep=$1 mib=$2 t0 t1 out secs bytes
+  if [[ -z $rcopy_port ]]; then
+    mkdir -p "$work/rcopy-dst"
+    "$rcopy" --server -q --root "$work/rcopy-dst" --bind 127.0.0.1 -p 0 --port-file "$work/rcopy.port" \
+      2> "$work/rcopy-server.err" &
+    rcopy_pid=$!
+    bench_wait_file "$work/rcopy.port" 10 || { bench_log "rcopy server did not start: $(cat "$work/rcopy-server.err")"; return 1; }
+    rcopy_port=$(cat "$work/rcopy.port")
+  fi
+  if ((rcopy_mib == 0)); then  # made once, at the first join's size (rates compare, not sizes)
+    bench_random_file "$work/rcopy.bin" "$mib"
+    rcopy_mib=$mib
+  fi
+  bytes=$((rcopy_mib * 1024 * 1024))
+  t0=$(bench_now)
+  out=$("$rcopy" --json -p "$rcopy_port" "$work/rcopy.bin" "127.0.0.1:copy" 2> "$work/rcopy-client.err") ||
+    { bench_log "rcopy failed: $out $(cat "$work/rcopy-client.err")"; return 1; }
+  t1=$(bench_now)
+  secs=$(bench_elapsed "$t0" "$t1")
+  jq -c --arg l rcopy --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" \
+    '{label: $l, rep: $r, seconds: $s, bytes: $b, rcopy: .}' <<<"$out" >> "$runs"
+  rm -f "$work/rcopy-dst/copy"
   bench_gbps "$bytes" "$secs"
 }
 
@@ -226,12 +267,13 @@ if [[ -n $disk_dir ]]; then
 fi
 cleanup() {
   stop_nodes
+  [[ -n $rcopy_pid ]] && bench_kill "$rcopy_pid"
   [[ -f $tuning_state ]] && "$BENCH_REPO/hw/join-tuning.sh" restore "$tuning_state" >&2
   [[ -n $disk_dir ]] && rm -rf "$disk_dir"
   rm -rf "$work"
 }
 
-a=() s=() b=()
+a=() s=() b=() rc=()
 da=() dsync=() db=() ta=() tsync=() tb=()
 for ((rep = 1; rep <= reps; rep++)); do
   # Assigned first (not in $(...)) so that JOIN_BYTES survives.
@@ -240,7 +282,9 @@ for ((rep = 1; rep <= reps; rep++)); do
   a+=("$ja") s+=("$js")
   dd_mib=$(((JOIN_BYTES + 1048575) / 1048576))
   b+=("$(dd_sample "$rep" "$dd_mib")")
-  bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB)"
+  rcopy_sample "$rep" "$dd_mib" > "$work/sample"
+  rc+=("$(cat "$work/sample")")
+  bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB), rcopy ${rc[-1]} Gbit/s"
   [[ -n $disk_dir ]] || continue
   for variant in untuned tuned; do
     if [[ $variant == tuned ]]; then
@@ -264,9 +308,13 @@ done
 
 comparisons=$(jq -s . <<EOC
 $(bench_comparison "node join vs dd conv=fsync (~$join_mib MiB to the joiner, tmpfs)" Gbit/s true \
-  "join (4th node)" "$(bench_samples "${a[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
+  "join (4th node)" "$(bench_samples "${a[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")" \
+  0.8 "join >= 0.8x dd conv=fsync of the same bytes")
 $(bench_comparison "snapshot streaming alone vs dd conv=fsync (~$join_mib MiB to the joiner, tmpfs)" Gbit/s true \
   "join streaming" "$(bench_samples "${s[@]}")" "dd bs=1M conv=fsync" "$(bench_samples "${b[@]}")")
+$(bench_comparison "snapshot streaming alone vs rcopy of as many bytes (tcp://127.0.0.1, tmpfs)" Gbit/s true \
+  "join streaming" "$(bench_samples "${s[@]}")" "rcopy (one file)" "$(bench_samples "${rc[@]}")" \
+  0.9 "snapshot streaming >= 0.9x rcopy of the same bytes over the same transport")
 $(if [[ -n $disk_dir ]]; then
   bench_comparison "node join vs dd conv=fsync, joiner on disk ($disk_fs), as the machine is" Gbit/s true \
     "join (4th node), disk" "$(bench_samples "${da[@]}")" "dd bs=1M conv=fsync, disk" "$(bench_samples "${db[@]}")" \
@@ -303,7 +351,8 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
              install_fsync: "finish (the default: one fsync per tree file once complete)",
              dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
              failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,
-             order: "per rep: join, dd (tmpfs); join, dd on disk; join, dd on disk tuned",
+             order: "per rep: join, dd, rcopy (tmpfs); join, dd on disk; join, dd on disk tuned",
+             rcopy: "rcopy --server on 127.0.0.1 (tmpfs root); one file of random bytes, sized at the first join, copied once per rep",
              disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning,
              join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
              metric: "decimal Gbit/s: joiner data dir bytes (du -sb) * 8 / (joiner start .. its last installed snapshot log line, ms resolution) / 1e9; streaming: the same bytes over first receiving .. last installed snapshot line; dd: its bytes / its own seconds"},

@@ -34,6 +34,7 @@
 
 #include "base/file.h"
 #include "base/logging.h"
+#include "base/units.h"
 #include "transport/auth.h"
 #include "replication/client.h"
 #include "replication/node.h"
@@ -169,6 +170,7 @@ int RunNode(int argc, char** argv) {
   uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
+  std::string max_snapshot_bytes = "1T";
   size_t http_workers = 32;
   bool http_rpc_reads = false;
   po::options_description d("canopy node options");
@@ -217,6 +219,9 @@ int RunNode(int argc, char** argv) {
       ("install-fsync", po::value(&install_fsync)->default_value("finish"),
        "snapshot installs (replica catch-up, node join): finish (one fsync per tree once it is complete) or "
        "each-chunk (fsync after every received chunk; for benchmarks)")
+      ("max-snapshot-bytes", po::value(&max_snapshot_bytes)->default_value(max_snapshot_bytes),
+       "largest checkpoint file a snapshot install accepts (e.g. 64G); a leader announcing more is refused "
+       "before anything is written (so is one that does not fit the free space of --data)")
       ("uri-file", po::value(&uri_file), "write the served URI to this file once listening")
       ("http", po::value(&http_address),
        "serve the bulletin-board HTTP/JSON API on IPv4:port or [IPv6]:port (port 0 picks a free port; it is "
@@ -296,6 +301,9 @@ int RunNode(int argc, char** argv) {
     throw UsageError("--install-fsync expects finish or each-chunk, got '" + install_fsync + "'");
   }
   o.store.install_fsync_each_chunk = install_fsync == "each-chunk";
+  auto max_install = ParseByteSize(max_snapshot_bytes);
+  if (!max_install.ok()) throw UsageError("--max-snapshot-bytes: " + max_install.status().message());
+  o.store.max_install_file_bytes = *max_install;
   o.ring.replication_factor = rf;
   o.ring.vnodes_per_node = vnodes;
   o.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
