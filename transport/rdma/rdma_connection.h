@@ -171,6 +171,7 @@ class RdmaConnection final : public Connection {
   void HandleCompletion(const ibv_wc& wc);            // REQUIRES: mu_
   void HandleReceive(uint32_t slot, uint32_t bytes);  // REQUIRES: mu_
   void HandleCmEvents();
+  void DrainCompletionsLocked();  // REQUIRES: mu_; progress thread only (it is the CQ's poller)
   void RefreshCreditsFromBlock();                           // REQUIRES: mu_
   Status PostRecv(uint32_t slot);                           // REQUIRES: mu_
   void RepostReleased(const std::vector<uint32_t>& slots);  // REQUIRES: mu_ (data slots)

@@ -130,6 +130,14 @@ void RdmaConnection::ProgressLoop() {
   }
 }
 
+void RdmaConnection::DrainCompletionsLocked() {
+  ibv_wc wcs[kPollBatch];
+  int n = 0;
+  while ((n = ibv_poll_cq(cq_, kPollBatch, wcs)) > 0) {
+    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+  }
+}
+
 void RdmaConnection::HandleCmEvents() {
   for (;;) {
     rdma_cm_event* event = nullptr;
@@ -141,6 +149,9 @@ void RdmaConnection::HandleCmEvents() {
       std::lock_guard<std::mutex> lock(mu_);
       switch (type) {
         case RDMA_CM_EVENT_DISCONNECTED:
+          // Completions that arrived before the disconnect say why it came first (e.g. a
+          // one-sided write the peer refused: PermissionDenied, not "peer disconnected").
+          DrainCompletionsLocked();
           (void)state_.Apply(ConnEvent::kDisconnected);
           disconnect = true;
           break;
