@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "base/clock.h"
 #include "transport/rdma/rdma_connection.h"
@@ -236,7 +237,7 @@ class LogRingReceiver::Impl {
   // Writes {consumed, durable} into the writer's feedback block.
   Status Publish() {
     const uint32_t slot = next_source_++ % kFeedbackSources;
-    const Deadline deadline = Deadline::After(5s);
+    const Deadline deadline = Deadline::After(connection_.io_timeout());
     if (source_seq_[slot] != 0) CANOPY_RETURN_IF_ERROR(connection_.WaitOneSidedWrite(source_seq_[slot], deadline));
     char* source = sources_.data() + static_cast<size_t>(slot) * 64;
     EncodeFeedback(source, RingFeedback{consumed_, durable_});

@@ -80,7 +80,9 @@ class LogRingReceiver {
   // arrives; Timeout at the deadline.
   Result<std::string_view> Wait(Deadline deadline);
   // Frees the record Poll returned (zeroes its bytes) and reports the new
-  // consumed count to the writer. REQUIRES: AttachWriter was called.
+  // consumed count to the writer (posting the report waits at most the
+  // connection's io_timeout for send-queue room). REQUIRES: AttachWriter was
+  // called.
   Status Release();
   // Reports `version` (monotonic; lower values are ignored) as durable.
   Status ReportDurable(uint64_t version);

@@ -139,6 +139,7 @@ class RdmaConnection final : public Connection {
   Status WaitOneSidedWrite(uint64_t seq, Deadline deadline);
   // Ok while the connection works; its failure otherwise.
   Status OneSidedHealth() const;
+  std::chrono::milliseconds io_timeout() const { return options_.base.io_timeout; }
   static constexpr uint32_t kOneSidedWrites = 16;
 
  private:
