@@ -195,6 +195,19 @@ TEST_F(BenchServerTest, OnlyOneTest) {
   EXPECT_GT((*lat)[0].lat_iterations, 0u);
 }
 
+// The one-sided latency test needs rdma:// (transport/rdma/log_ring.h); over tcp:// the
+// server, which got RING_OPEN, cannot register a ring on it and answers ERROR with the reason.
+TEST_F(BenchServerTest, OneSidedLatencyNeedsRdma) {
+  SweepOptions o = Options();
+  o.sizes = {64};
+  o.bandwidth = false;
+  o.one_sided = true;
+  auto lat = RunSweep(o);
+  ASSERT_FALSE(lat.ok());
+  EXPECT_NE(lat.status().message().find("needs a plain rdma:// connection"), std::string::npos)
+      << lat.status().ToString();
+}
+
 TEST_F(BenchServerTest, ServerRejectsMessagesOutsideATest) {
   auto conn = transport::Dial("tcp://127.0.0.1:" + std::to_string(port_), transport::TransportOptions{});
   ASSERT_TRUE(conn.ok());
@@ -443,7 +456,9 @@ TEST(BenchCli, UnreachableServerFails) {
 TEST(BenchCli, BadFlagsGiveAnError) {
   for (const char* args : {"--bogus", "", "-s 0 127.0.0.1", "--sizes 8:2 127.0.0.1", "--sizes x 127.0.0.1",
                            "-n 0 127.0.0.1", "-t 0 127.0.0.1", "--test both 127.0.0.1", "-s 1G 127.0.0.1",
-                           "-s 64 --sizes 2:8 127.0.0.1", "-p 0 127.0.0.1", "--server 127.0.0.1"}) {
+                           "-s 64 --sizes 2:8 127.0.0.1", "-p 0 127.0.0.1", "--server 127.0.0.1",
+                           "--one-sided 127.0.0.1", "--one-sided --test lat 127.0.0.1",
+                           "--one-sided --test lat --transport rdma --bulk 127.0.0.1"}) {
     std::string out;
     int rc = RunCommand(Bench() + " " + args, &out);
     EXPECT_EQ(rc, 2) << args << ": " << out;

@@ -1,8 +1,9 @@
 // Unit tests for the verbs-free parts of the rdma backend: wire items, credit
-// accounting, slot pool, fragmentation / reassembly and the connection state
-// machine. These run on every machine (no RDMA device needed).
+// accounting, slot pool, fragmentation / reassembly, the connection state
+// machine and the one-sided log ring's layout. These run on every machine (no RDMA device needed).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <deque>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include "transport/rdma/connection_state.h"
 #include "transport/rdma/credits.h"
 #include "transport/rdma/keepalive.h"
+#include "transport/rdma/log_ring_layout.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/rdma/slot_pool.h"
 #include "transport/rdma/stream.h"
@@ -562,6 +564,114 @@ TEST(RdmaKeepalive, ProbePlusRetriesFitInTheIoTimeout) {
   EXPECT_EQ(ProbeIntervalFor(milliseconds(8000)), milliseconds(2000));
   EXPECT_EQ(ProbeIntervalFor(milliseconds(100)), milliseconds(100));
   EXPECT_EQ(ProbeIntervalFor(milliseconds(3600000)), milliseconds(10000));
+}
+
+// --- one-sided log ring layout ----------------------------------------------
+
+TEST(RdmaLogRingLayout, RingSizesAreChecked) {
+  EXPECT_TRUE(CheckRingBytes(4096).ok());
+  EXPECT_EQ(CheckRingBytes(32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckRingBytes(4100).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckRingBytes(kRingMaxBytes + 8).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(RdmaLogRingLayout, RecordsArePlacedWholeAndWrapWithAPadOrASilentSkip) {
+  EXPECT_EQ(RingRecordBytes(0), 32u);
+  EXPECT_EQ(RingRecordBytes(1), 40u);
+  EXPECT_EQ(RingRecordBytes(8), 40u);
+  // Fits where the tail is.
+  auto fits = PlaceRecord(1000 + 64, 1000, 8);
+  ASSERT_TRUE(fits.ok());
+  EXPECT_EQ(fits->offset, 64u);
+  EXPECT_EQ(fits->skip_bytes, 0u);
+  EXPECT_FALSE(fits->pad_record);
+  EXPECT_EQ(fits->advance(), 40u);
+  // 80 bytes left, the record needs 96: a pad at 920, the record at 0.
+  auto padded = PlaceRecord(920, 1000, 64);
+  ASSERT_TRUE(padded.ok());
+  EXPECT_TRUE(padded->pad_record);
+  EXPECT_EQ(padded->skip_bytes, 80u);
+  EXPECT_EQ(padded->offset, 0u);
+  EXPECT_EQ(padded->advance(), 80u + 96u);
+  // 16 bytes left (less than a header): skipped without a pad, as the receiver skips them.
+  auto skipped = PlaceRecord(2 * 1000 - 16, 1000, 0);
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_FALSE(skipped->pad_record);
+  EXPECT_EQ(skipped->skip_bytes, 16u);
+  EXPECT_EQ(RingImplicitSkip(2 * 1000 - 16, 1000), 16u);
+  EXPECT_EQ(RingImplicitSkip(2 * 1000 - 24, 1000), 0u);
+  // Never fits.
+  EXPECT_EQ(PlaceRecord(0, 64, 64).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PlaceRecord(0, 64, 32).ok());
+}
+
+TEST(RdmaLogRingLayout, FreeBytesRefuseImpossibleReports) {
+  EXPECT_EQ(*RingFreeBytes(0, 0, 256), 256u);
+  EXPECT_EQ(*RingFreeBytes(300, 100, 256), 56u);
+  EXPECT_EQ(RingFreeBytes(100, 101, 256).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(RingFreeBytes(600, 100, 256).status().code(), StatusCode::kCorruption);
+}
+
+TEST(RdmaLogRingLayout, RecordCarriesItsSeqTwiceAndACrcOverHeaderAndPayload) {
+  const std::string payload = "delta bytes";
+  std::string record(RingRecordBytes(payload.size()), '\x55');
+  EncodeRingRecord(record.data(), 7, 3, payload);
+  const RingRecordHeader header = DecodeRingRecordHeader(record.data());
+  EXPECT_EQ(header.seq, 7u);
+  EXPECT_EQ(header.epoch, 3u);
+  EXPECT_EQ(header.length, payload.size());
+  EXPECT_EQ(header.crc, RingRecordCrc(header, payload));
+  EXPECT_EQ(record.substr(kRingRecordHeaderSize, payload.size()), payload);
+  EXPECT_EQ(DecodeFixed64(record.data() + record.size() - kRingRecordTrailerSize), 7u);
+  for (size_t i = kRingRecordHeaderSize + payload.size(); i < record.size() - kRingRecordTrailerSize; ++i) {
+    EXPECT_EQ(record[i], '\0') << i;
+  }
+  // Another epoch or a changed byte gives another CRC.
+  RingRecordHeader other = header;
+  other.epoch = 4;
+  EXPECT_NE(RingRecordCrc(other, payload), header.crc);
+  EXPECT_NE(RingRecordCrc(header, "delta bytez"), header.crc);
+  std::string pad(kRingRecordHeaderSize, '\0');
+  EncodeRingPad(pad.data(), 8, 3);
+  const RingRecordHeader pad_header = DecodeRingRecordHeader(pad.data());
+  EXPECT_EQ(pad_header.length, kRingPadLength);
+  EXPECT_EQ(pad_header.crc, RingRecordCrc(pad_header, {}));
+}
+
+TEST(RdmaLogRingLayout, TornFeedbackIsDetected) {
+  char block[kFeedbackBlockSize];
+  EncodeFeedback(block, RingFeedback{4096, 17});
+  auto feedback = DecodeFeedback(block);
+  ASSERT_TRUE(feedback.has_value());
+  EXPECT_EQ(feedback->consumed, 4096u);
+  EXPECT_EQ(feedback->durable, 17u);
+  char newer[kFeedbackBlockSize];
+  EncodeFeedback(newer, RingFeedback{8192, 18});
+  std::memcpy(block, newer, 8);  // half of the newer report has landed
+  EXPECT_FALSE(DecodeFeedback(block).has_value());
+}
+
+TEST(RdmaLogRingLayout, CredentialsRoundTripAndRejectGarbage) {
+  const RingOffer offer{0x7f0000001000ull, 0x1234, 1u << 20, 9};
+  auto decoded = DecodeRingOffer(EncodeRingOffer(offer));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->addr, offer.addr);
+  EXPECT_EQ(decoded->rkey, offer.rkey);
+  EXPECT_EQ(decoded->ring_bytes, offer.ring_bytes);
+  EXPECT_EQ(decoded->epoch, offer.epoch);
+  std::string bad = EncodeRingOffer(offer);
+  bad[0] ^= 1;
+  EXPECT_EQ(DecodeRingOffer(bad).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeRingOffer(EncodeRingOffer(RingOffer{1, 2, 12, 1})).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeRingOffer("short").status().code(), StatusCode::kCorruption);
+
+  const FeedbackTarget target{0x7f0000002000ull, 0x99, 9};
+  auto back = DecodeFeedbackTarget(EncodeFeedbackTarget(target));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->addr, target.addr);
+  EXPECT_EQ(back->rkey, target.rkey);
+  EXPECT_EQ(back->epoch, target.epoch);
+  EXPECT_EQ(DecodeFeedbackTarget(EncodeRingOffer(offer)).status().code(), StatusCode::kCorruption);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The rdma:// backend end to end: the shared conformance suite and an rcopy
 // round trip when this host has an RDMA device (GTEST_SKIP with the reason
-// otherwise), and, when it has none, the clear NotSupported failure of the
+// otherwise), the one-sided log ring (transport/rdma/log_ring.h) between two
+// rdma:// connection ends, and, when it has none, the clear NotSupported failure of the
 // registry, of `rcopy --transport rdma` and of `canopy node --listen rdma://`.
 //
 // The address used on a device host: $CANOPY_RDMA_TEST_ADDR if set, else the
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -27,6 +29,7 @@
 #include "tests/testing/test_util.h"
 #include "tests/transport_conformance.h"
 #include "transport/builtin.h"
+#include "transport/rdma/log_ring.h"
 #include "transport/registry.h"
 
 namespace canopy::transport {
@@ -257,6 +260,194 @@ TEST(RdmaTransport, RcopyRoundTripOverRdma) {
   auto copied = ReadFileToString(dir.File("root/copy"));
   ASSERT_TRUE(copied.ok()) << copied.status().ToString();
   EXPECT_TRUE(*copied == contents) << "copied file differs (" << copied->size() << " bytes)";
+}
+
+// --- one-sided log ring (transport/rdma/log_ring.h) -------------------------
+
+using rdma::DecodeFeedbackTarget;
+using rdma::DecodeRingOffer;
+using rdma::EncodeFeedbackTarget;
+using rdma::EncodeRingOffer;
+using rdma::LogRingReceiver;
+using rdma::LogRingWriter;
+using rdma::RingOffer;
+
+constexpr uint16_t kOfferType = 0x7e01;
+constexpr uint16_t kTargetType = 0x7e02;
+
+// Both ends of one connection on `uri`'s scheme (accepted end = server).
+struct ConnectedPair {
+  std::shared_ptr<Transport> transport;
+  std::unique_ptr<Listener> listener;
+  std::unique_ptr<Connection> client;
+  std::unique_ptr<Connection> server;
+};
+
+Result<ConnectedPair> ConnectOver(const std::string& uri) {
+  RegisterBuiltinTransports();
+  CANOPY_ASSIGN_OR_RETURN(Endpoint endpoint, ParseEndpoint(uri));
+  TransportOptions options;
+  options.connect_timeout = ::canopy::testing::ScaledBound(3s);
+  ConnectedPair pair;
+  CANOPY_ASSIGN_OR_RETURN(pair.transport, TransportRegistry::Global().Create(endpoint.scheme, options));
+  CANOPY_ASSIGN_OR_RETURN(pair.listener, pair.transport->Listen(endpoint));
+  std::optional<Result<std::unique_ptr<Connection>>> accepted;
+  std::thread acceptor(
+      [&] { accepted.emplace(pair.listener->Accept(Deadline::After(::canopy::testing::ScaledBound(5s)))); });
+  auto client = pair.transport->Connect(pair.listener->local_endpoint());
+  if (!client.ok()) pair.listener->Close();
+  acceptor.join();
+  if (!client.ok()) return client.status().WithContext("Connect");
+  if (!accepted->ok()) return accepted->status().WithContext("Accept");
+  pair.client = std::move(*client);
+  pair.server = std::move(**accepted);
+  return pair;
+}
+
+Deadline RingDeadline() { return Deadline::After(::canopy::testing::ScaledBound(10s)); }
+
+// The offer goes server -> client, the feedback target back, both over the connection itself.
+Result<std::unique_ptr<LogRingWriter>> HandShake(ConnectedPair& pair, LogRingReceiver& ring) {
+  CANOPY_RETURN_IF_ERROR(pair.server->Send(kOfferType, EncodeRingOffer(ring.offer())));
+  CANOPY_ASSIGN_OR_RETURN(Message offer_message, pair.client->Receive(RingDeadline()));
+  if (offer_message.type != kOfferType) return Status::Corruption("expected the ring offer");
+  CANOPY_ASSIGN_OR_RETURN(RingOffer offer, DecodeRingOffer(offer_message.payload));
+  CANOPY_ASSIGN_OR_RETURN(std::unique_ptr<LogRingWriter> writer, LogRingWriter::Create(*pair.client, offer));
+  CANOPY_RETURN_IF_ERROR(pair.client->Send(kTargetType, EncodeFeedbackTarget(writer->feedback_target())));
+  CANOPY_ASSIGN_OR_RETURN(Message target_message, pair.server->Receive(RingDeadline()));
+  if (target_message.type != kTargetType) return Status::Corruption("expected the feedback target");
+  CANOPY_ASSIGN_OR_RETURN(rdma::FeedbackTarget target, DecodeFeedbackTarget(target_message.payload));
+  CANOPY_RETURN_IF_ERROR(ring.AttachWriter(target));
+  return writer;
+}
+
+std::string RecordPayload(int i) {
+  const size_t length = static_cast<size_t>(i * 37 % 150);
+  std::string payload(length, '\0');
+  for (size_t j = 0; j < length; ++j) payload[j] = static_cast<char>('a' + (i + j) % 26);
+  return payload;
+}
+
+std::string RdmaRingUri() { return "rdma://" + RdmaTestAddress() + ":0"; }
+
+TEST(RdmaLogRing, NeedsAnRdmaConnection) {
+  auto pair = ConnectOver("tcp://127.0.0.1:0");
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  auto ring = LogRingReceiver::Create(*pair->server, 4096, 1);
+  ASSERT_EQ(ring.status().code(), StatusCode::kNotSupported) << ring.status().ToString();
+  EXPECT_NE(ring.status().message().find("needs a plain rdma:// connection"), std::string::npos);
+  auto writer = LogRingWriter::Create(*pair->client, RingOffer{4096, 1, 4096, 1});
+  EXPECT_EQ(writer.status().code(), StatusCode::kNotSupported) << writer.status().ToString();
+}
+
+TEST(RdmaLogRing, RecordsArriveInOrderAcrossWraparound) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto pair = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  EXPECT_EQ(LogRingReceiver::Create(*pair->server, 100, 1).status().code(), StatusCode::kInvalidArgument);
+  auto ring = LogRingReceiver::Create(*pair->server, 512, 1);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto writer = HandShake(*pair, **ring);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  EXPECT_EQ((*writer)->Append(std::string(600, 'x'), RingDeadline()).code(), StatusCode::kInvalidArgument);
+
+  // 300 records of 0..149 bytes through 512 bytes: many laps, with pads and silent skips.
+  constexpr int kRecords = 300;
+  Status written;
+  std::thread producer([&] {
+    for (int i = 0; i < kRecords && written.ok(); ++i) written = (*writer)->Append(RecordPayload(i), RingDeadline());
+    if (written.ok()) written = (*writer)->WaitDurable(kRecords, RingDeadline());
+  });
+  for (int i = 0; i < kRecords; ++i) {
+    auto record = (*ring)->Wait(RingDeadline());
+    ASSERT_TRUE(record.ok()) << "record " << i << ": " << record.status().ToString();
+    ASSERT_EQ(std::string(*record), RecordPayload(i)) << "record " << i;
+    ASSERT_TRUE((*ring)->Release().ok());
+    ASSERT_TRUE((*ring)->ReportDurable(i + 1).ok());
+  }
+  producer.join();
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  EXPECT_EQ((*writer)->durable_version(), static_cast<uint64_t>(kRecords));
+  EXPECT_EQ((*ring)->records_received(), static_cast<uint64_t>(kRecords));
+  auto none = (*ring)->Poll();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_TRUE((*writer)->Flush(RingDeadline()).ok());
+}
+
+TEST(RdmaLogRing, FullRingHoldsTheWriterUntilTheReceiverReleases) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto pair = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  auto ring = LogRingReceiver::Create(*pair->server, 256, 1);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto writer = HandShake(*pair, **ring);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  // Records of 16 payload bytes take 48 bytes: five fill 240 of the 256.
+  auto payload = [](int i) { return std::string(16, static_cast<char>('A' + i)); };
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*writer)->Append(payload(i), RingDeadline()).ok()) << i;
+  Status full = (*writer)->Append(payload(5), Deadline::After(200ms));
+  ASSERT_EQ(full.code(), StatusCode::kTimeout) << full.ToString();
+  EXPECT_NE(full.message().find("log ring full"), std::string::npos) << full.ToString();
+
+  // One release frees 48 bytes: the next record skips the last 16 and goes to offset 0.
+  auto first = (*ring)->Wait(RingDeadline());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(std::string(*first), payload(0));
+  ASSERT_TRUE((*ring)->Release().ok());
+  Status resumed = (*writer)->Append(payload(5), RingDeadline());
+  ASSERT_TRUE(resumed.ok()) << resumed.ToString();
+  for (int i = 1; i <= 5; ++i) {
+    auto record = (*ring)->Wait(RingDeadline());
+    ASSERT_TRUE(record.ok()) << i << ": " << record.status().ToString();
+    EXPECT_EQ(std::string(*record), payload(i));
+    ASSERT_TRUE((*ring)->Release().ok());
+  }
+}
+
+TEST(RdmaLogRing, RevocationFencesTheStaleWriter) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto pair = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  auto ring = LogRingReceiver::Create(*pair->server, 1024, 1);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto stale = HandShake(*pair, **ring);
+  ASSERT_TRUE(stale.ok()) << stale.status().ToString();
+  ASSERT_TRUE((*stale)->Append("epoch 1", RingDeadline()).ok());
+  auto first = (*ring)->Wait(RingDeadline());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(*first, "epoch 1");
+  ASSERT_TRUE((*ring)->Release().ok());
+
+  const uint32_t old_rkey = (*ring)->offer().rkey;
+  EXPECT_EQ((*ring)->Revoke(1).status().code(), StatusCode::kInvalidArgument);
+  auto renewed = (*ring)->Revoke(2);
+  ASSERT_TRUE(renewed.ok()) << renewed.status().ToString();
+  EXPECT_EQ(renewed->epoch, 2u);
+  EXPECT_NE(renewed->rkey, old_rkey);
+  // The stale writer's target belongs to epoch 1.
+  EXPECT_EQ((*ring)->AttachWriter((*stale)->feedback_target()).code(), StatusCode::kInvalidArgument);
+
+  // The writer of epoch 2 gets the new offer over the connection and is served.
+  auto current = HandShake(*pair, **ring);
+  ASSERT_TRUE(current.ok()) << current.status().ToString();
+  EXPECT_EQ((*current)->epoch(), 2u);
+  ASSERT_TRUE((*current)->Append("epoch 2", RingDeadline()).ok());
+  auto second = (*ring)->Wait(RingDeadline());
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(*second, "epoch 2");
+  ASSERT_TRUE((*ring)->Release().ok());
+  ASSERT_TRUE((*current)->Flush(RingDeadline()).ok());
+
+  // The stale writer's WRITE is refused by the receiver's NIC: a clear error, nothing lands.
+  Status write = (*stale)->Append("stale epoch 1", RingDeadline());
+  if (write.ok()) write = (*stale)->Flush(RingDeadline());
+  ASSERT_EQ(write.code(), StatusCode::kPermissionDenied) << write.ToString();
+  EXPECT_NE(write.message().find("revoked"), std::string::npos) << write.ToString();
+  auto nothing = (*ring)->Poll();
+  ASSERT_TRUE(nothing.ok()) << nothing.status().ToString();
+  EXPECT_FALSE(nothing->has_value());
+  EXPECT_EQ((*ring)->records_received(), 2u);
 }
 
 }  // namespace

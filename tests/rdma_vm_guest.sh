@@ -8,7 +8,7 @@
 #                                                           powers itself off at the end)
 # One boot does everything; a pair runs in three phases:
 # 1. each guest over its own rxe0 at once (2 host cores: both busy): A the rdma:// conformance
-#    suite (event mode, busy-poll with small slots), B the cluster tests with every node on
+#    suite (event mode, busy-poll with small slots) and the one-sided log ring tests, B the cluster tests with every node on
 #    rdma:// (QUORUM commits, a killed replica caught up by delta and by snapshot, a killed
 #    leader with failover, no acknowledged write lost), then the suite over fault+rdma://
 #    without faults;
@@ -83,6 +83,14 @@ conformance() {
   step "conformance passed"
 }
 
+# The one-sided log ring (transport/rdma/log_ring.h) between two connection ends over rxe0:
+# order across wraparound, a full ring holding the writer, revocation fencing a stale writer.
+log_ring_tests() {
+  step "rdma_transport_test: one-sided log ring on rdma://$self"
+  "$build/tests/rdma_transport_test" --gtest_brief=1 --gtest_filter='RdmaLogRing.*'
+  step "log ring tests passed"
+}
+
 # The cluster tests with every node listening on rdma://self.
 cluster_tests() {
   step "cluster tests with every node on rdma://$self"
@@ -95,6 +103,7 @@ cluster_tests() {
 
 if [[ $mode == single ]]; then
   conformance '*Conformance*'
+  log_ring_tests
   cluster_tests
   step "done"
   exit 0
@@ -103,7 +112,7 @@ fi
 # Phase 1 in both guests at once; each then waits for the other's verdict.
 # (The conformance variants are split so that both guests take about as long.)
 case $mode in
-  pair-a) conformance 'Rdma/*Conformance*' ;;
+  pair-a) conformance 'Rdma/*Conformance*'; log_ring_tests ;;
   pair-b) cluster_tests; conformance 'FaultRdma/*Conformance*' ;;
   *) fail "unknown mode $mode" ;;
 esac

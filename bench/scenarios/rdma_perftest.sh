@@ -4,7 +4,8 @@
 # the bench tool over rdma:// versus perftest's ib_send_bw (same message size,
 # same seconds; bench's message path is two-sided SEND like ib_send_bw), bench
 # --bulk (RDMA READ above the eager limit) versus ib_write_bw, 64-byte
-# ping-pong latency versus ib_send_lat, alternating per rep; and rcopy over
+# ping-pong latency versus ib_send_lat, the one-sided log ring's round trip (bench --one-sided)
+# versus ib_write_lat's, alternating per rep; and rcopy over
 # rdma:// versus ib_write_bw and versus rcopy over tcp:// on the same
 # addresses, tmpfs -> tmpfs. Decimal Gbit/s, microseconds. Env:
 # RDMA_BENCH_DEVICE, RDMA_BENCH_ADDR (defaults: the first device and its
@@ -238,6 +239,34 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 comparisons+=("$(bench_comparison "64-byte ping-pong, one-way latency: bench rdma:// (round-trip p50 / 2) vs ib_send_lat (t_typical)" us false \
   "bench rdma://" "$(bench_samples "${bl[@]}")" ib_send_lat "$(bench_samples "${sl[@]}")" 0.6667 "bench p50 within 1.5x of ib_send_lat")")
+
+# One-sided replication's round trip (transport/rdma/log_ring.h through bench --one-sided): a
+# 64-byte record RDMA-WRITten into the server's ring, its number RDMA-WRITten back as the
+# durable version; p50 against one ib_write_lat round trip (2 x its one-way t_typical).
+write_lat_rtt() {
+  local out perf_port
+  perf_port=$(next_perf_port)
+  serve "ib_write_lat -d $device -s 64 -n $lat_iters -F -p $perf_port > $share/perf.$perf_port.srv 2>&1"
+  sleep 1
+  out=$(perftest_client ib_write_lat -d "$device" -s 64 -n "$lat_iters" -F -p "$perf_port" "$addr") ||
+    { bench_log "ib_write_lat failed: $out"; return 1; }
+  jq -cn --arg out "$out" '{label: "ib_write_lat", size: 64, output: $out}' >> "$runs"
+  awk '$1 == 64 { print $5 * 2; exit }' <<<"$out"
+}
+ring_lat() {
+  local out
+  out=$("$bench" --json --transport rdma -p "$bport" -s 64 -n "$lat_iters" --test lat --one-sided "$addr") ||
+    { bench_log "bench rdma:// --one-sided failed: $out"; return 1; }
+  jq -c '{label: "bench rdma:// --test lat --one-sided", size: 64, result: .results[0]}' <<<"$out" >> "$runs"
+  jq -r '.results[0].lat_p50_us * 1000 | round / 1000' <<<"$out"
+}
+rl=() wl=()
+for ((rep = 1; rep <= reps; rep++)); do
+  rl+=("$(ring_lat)"); wl+=("$(write_lat_rtt)")
+  bench_log "64 B one-sided round trip rep $rep/$reps, us: log ring append -> durable ${rl[-1]} / ib_write_lat RTT ${wl[-1]}"
+done
+comparisons+=("$(bench_comparison "64-byte one-sided replication round trip: log ring append -> durable WRITE back (p50) vs ib_write_lat round trip (2 x t_typical)" us false \
+  "bench rdma:// --one-sided" "$(bench_samples "${rl[@]}")" "ib_write_lat RTT" "$(bench_samples "${wl[@]}")" 0.3333 "within 3x of one ib_write_lat round trip")")
 
 # rcopy, rdma:// vs ib_write_bw moving 1 MiB messages, and vs tcp:// on the same address.
 src=$work/src.bin

@@ -340,6 +340,11 @@ int RunClient(const po::variables_map& vm) {
     if (!pinned.ok()) return UsageError("-a/--affinity: " + pinned.message(), json);
   }
   options.bulk = vm.count("bulk") > 0;
+  options.one_sided = vm.count("one-sided") > 0;
+  if (options.one_sided && (test != "lat" || scheme != "rdma" || options.bulk)) {
+    return UsageError("--one-sided is a latency test over rdma://: give --test lat --transport rdma (no --bulk)",
+                      json);
+  }
   options.transport.backend_args = SplitTransportArgs(vm["transport-arg"].as<std::vector<std::string>>());
   if (vm.count("secret-file")) {
     auto secret = canopy::transport::LoadSecretFile(vm["secret-file"].as<std::string>());
@@ -362,7 +367,7 @@ int RunClient(const po::variables_map& vm) {
                              "{} path{}\n",
                              test, direction, options.uri, fmt::format("{:g} s", seconds), options.iterations,
                              options.bytes_limit ? fmt::format(" or {} bytes", options.bytes_limit) : std::string(),
-                             options.warmup, omit, options.bulk ? "bulk" : "message",
+                             options.warmup, omit, options.one_sided ? "one-sided" : options.bulk ? "bulk" : "message",
                              affinity >= 0 ? fmt::format(", client pinned to CPU {}", affinity) : std::string())
               << "# round = burst of messages + ACK (reverse: PULL + burst back); t = ping-pong round trip\n"
               << TableHeader() << std::flush;
@@ -449,7 +454,7 @@ int RunClient(const po::variables_map& vm) {
     j["transport"] = scheme;
     j["test"] = test;
     j["direction"] = direction;
-    j["path"] = options.bulk ? "bulk" : "message";
+    j["path"] = options.one_sided ? "one-sided" : options.bulk ? "bulk" : "message";
     j["iterations_limit"] = options.iterations;
     j["seconds_per_size"] = seconds;
     j["bytes_limit"] = options.bytes_limit ? nlohmann::json(options.bytes_limit) : nlohmann::json(nullptr);
@@ -547,6 +552,9 @@ int main(int argc, char** argv) {
        "'stream K' lines")
       ("test", po::value<std::string>()->default_value("all"), "bw (bandwidth + message rate), lat (latency) or all")
       ("bulk", "send payloads on the bulk path (SendWithBulk) instead of as frame payloads")
+      ("one-sided", "latency over the one-sided log ring (rdma:// only, --test lat): the client RDMA-WRITEs a "
+       "record into a ring on the server, which RDMA-WRITEs its number back as durable; the round trip "
+       "one-sided replication pays per commit")
       ("json", "print one JSON document on stdout instead of the table, also on failure (\"ok\": false, "
        "\"error\") and for bad usage; schema: tools/bench/bench.schema.json")
       ("connect-timeout", po::value<double>()->default_value(5.0), "seconds to wait for the connection");

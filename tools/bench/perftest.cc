@@ -1,5 +1,7 @@
 #include "tools/bench/perftest.h"
 
+#include "tools/bench/one_sided.h"
+
 #include "base/units.h"
 
 #include <sched.h>
@@ -319,6 +321,7 @@ class SizeRunner {
   }
 
   Status Latency(uint64_t size, SizeResult* r) {
+    if (o_.one_sided) return OneSidedLatency(size, r);
     BeginTest begin{TestKind::kLatency, size, 1, o_.bulk, Direction::kForward};
     CANOPY_RETURN_IF_ERROR(Begin(begin));
     buffer_.assign(size, 'p');
@@ -363,6 +366,28 @@ class SizeRunner {
 
  private:
   Deadline IoDeadline() const { return Deadline::After(o_.transport.io_timeout); }
+
+  // The latency test over the one-sided log ring (one_sided.h).
+  Status OneSidedLatency(uint64_t size, SizeResult* r) {
+    OneSidedLatencyOptions ring;
+    ring.size = size;
+    ring.warmup = o_.warmup;
+    ring.iterations = o_.iterations;
+    ring.time_limit = o_.time_per_size;
+    ring.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(o_.transport.io_timeout);
+    CpuSnapshot cpu = TakeCpu();
+    CANOPY_ASSIGN_OR_RETURN(std::vector<double> samples, RunOneSidedLatency(conn_, ring));
+    r->lat_cpu_local = CpuSince(cpu);
+    r->lat_iterations = samples.size();
+    double sum = 0;
+    for (double s : samples) sum += s;
+    r->lat_avg_us = sum / static_cast<double>(samples.size());
+    r->lat_min_us = *std::min_element(samples.begin(), samples.end());
+    r->lat_max_us = *std::max_element(samples.begin(), samples.end());
+    r->lat_p50_us = Percentile(samples, 50);
+    r->lat_p99_us = Percentile(samples, 99);
+    return Status::Ok();
+  }
 
   Status Begin(const BeginTest& begin) {
     CANOPY_RETURN_IF_ERROR(conn_.Send(kMsgBegin, EncodeBegin(begin)));
@@ -895,6 +920,10 @@ class BenchServer::Impl {
           }
           break;
         }
+        case kMsgRingOpen:
+          if (running) return Status::Corruption("RING_OPEN while a test is running");
+          CANOPY_RETURN_IF_ERROR(ServeOneSidedLatency(conn, m->payload, options_.idle_timeout));
+          break;
         case kMsgEnd: {
           if (!running) return Status::Corruption("END without a test");
           running = false;

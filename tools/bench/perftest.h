@@ -145,6 +145,8 @@ struct SweepOptions {
   bool bandwidth = true;
   bool latency = true;
   bool bulk = false;
+  // Latency over the one-sided log ring (one_sided.h; rdma:// only) instead of SEND ping-pong.
+  bool one_sided = false;
   transport::TransportOptions transport;
   std::string secret;  // the server's shared secret; empty: do not authenticate
 };

@@ -122,8 +122,35 @@ class RdmaConnection final : public Connection {
   std::string peer_uri() const override { return peer_uri_; }
   ConnectionStats stats() const override;
 
+  // --- one-sided access, for log_ring.cc ---
+  // Registers [addr, addr + bytes) in this connection's protection domain for
+  // local write and, with remote_write, for the peer's RDMA WRITE. The caller
+  // deregisters it (ibv_dereg_mr) before this connection is destroyed.
+  Result<ibv_mr*> RegisterOneSided(void* addr, size_t bytes, bool remote_write);
+  // Posts a signalled RDMA WRITE of local[0, length) (registered under lkey)
+  // to remote_addr / rkey, inline when it fits; waits until the deadline for
+  // room (at most kOneSidedWrites outstanding). Returns its number among this
+  // connection's one-sided writes, 1, 2, ...: they complete in that order. A
+  // failed completion fails the connection (PermissionDenied when the peer
+  // refused the rkey, i.e. revoked it).
+  Result<uint64_t> PostOneSidedWrite(const void* local, uint32_t lkey, uint32_t length, uint64_t remote_addr,
+                                     uint32_t rkey, Deadline deadline);
+  // Waits until one-sided write number `seq` has completed.
+  Status WaitOneSidedWrite(uint64_t seq, Deadline deadline);
+  // Ok while the connection works; its failure otherwise.
+  Status OneSidedHealth() const;
+  std::chrono::milliseconds io_timeout() const { return options_.base.io_timeout; }
+  static constexpr uint32_t kOneSidedWrites = 16;
+
  private:
-  enum WrKind : uint64_t { kWrRecv = 1, kWrSendData = 2, kWrSendCtrl = 3, kWrCreditWrite = 4, kWrRead = 5 };
+  enum WrKind : uint64_t {
+    kWrRecv = 1,
+    kWrSendData = 2,
+    kWrSendCtrl = 3,
+    kWrCreditWrite = 4,
+    kWrRead = 5,
+    kWrOneSidedWrite = 6
+  };
   static uint64_t MakeWrId(WrKind kind, uint32_t index) {
     return (static_cast<uint64_t>(kind) << 56) | index;
   }
@@ -145,6 +172,7 @@ class RdmaConnection final : public Connection {
   void HandleCompletion(const ibv_wc& wc);            // REQUIRES: mu_
   void HandleReceive(uint32_t slot, uint32_t bytes);  // REQUIRES: mu_
   void HandleCmEvents();
+  void DrainCompletionsLocked();  // REQUIRES: mu_; progress thread only (it is the CQ's poller)
   void RefreshCreditsFromBlock();                           // REQUIRES: mu_
   Status PostRecv(uint32_t slot);                           // REQUIRES: mu_
   void RepostReleased(const std::vector<uint32_t>& slots);  // REQUIRES: mu_ (data slots)
@@ -229,6 +257,8 @@ class RdmaConnection final : public Connection {
   InboundStream inbound_;
   uint64_t reads_posted_ = 0;
   uint64_t reads_completed_ = 0;
+  uint64_t one_sided_posted_ = 0;
+  uint64_t one_sided_completed_ = 0;
   std::set<uint64_t> bulk_done_;  // segment ids the peer finished reading
   uint64_t next_segment_id_ = 1;
   bool closing_ = false;

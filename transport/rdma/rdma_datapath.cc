@@ -40,6 +40,8 @@ const char* WrKindName(uint64_t kind) {
       return "credit write";
     case 5:
       return "RDMA read";
+    case 6:
+      return "one-sided RDMA write";
   }
   return "work request";
 }
@@ -128,6 +130,14 @@ void RdmaConnection::ProgressLoop() {
   }
 }
 
+void RdmaConnection::DrainCompletionsLocked() {
+  ibv_wc wcs[kPollBatch];
+  int n = 0;
+  while ((n = ibv_poll_cq(cq_, kPollBatch, wcs)) > 0) {
+    for (int i = 0; i < n; ++i) HandleCompletion(wcs[i]);
+  }
+}
+
 void RdmaConnection::HandleCmEvents() {
   for (;;) {
     rdma_cm_event* event = nullptr;
@@ -139,6 +149,9 @@ void RdmaConnection::HandleCmEvents() {
       std::lock_guard<std::mutex> lock(mu_);
       switch (type) {
         case RDMA_CM_EVENT_DISCONNECTED:
+          // Completions that arrived before the disconnect say why it came first (e.g. a
+          // one-sided write the peer refused: PermissionDenied, not "peer disconnected").
+          DrainCompletionsLocked();
           (void)state_.Apply(ConnEvent::kDisconnected);
           disconnect = true;
           break;
@@ -185,8 +198,19 @@ void RdmaConnection::HandleCompletion(const ibv_wc& wc) {
       case kWrRead:
         ++reads_completed_;
         break;
+      case kWrOneSidedWrite:
+        ++one_sided_completed_;
+        break;
       default:
         break;
+    }
+    if (kind == kWrOneSidedWrite && wc.status == IBV_WC_REM_ACCESS_ERR) {
+      // The receiver's NIC refused the rkey: its ring was revoked (a newer epoch fenced this writer).
+      FailLocked(Status::PermissionDenied(fmt::format(
+          "rdma: one-sided write to {} refused (remote access error): the receiver revoked this writer's "
+          "access to its ring, so a newer epoch has fenced it",
+          peer_uri_)));
+      return;
     }
     const bool expected_flush =
         wc.status == IBV_WC_WR_FLUSH_ERR &&
@@ -220,6 +244,9 @@ void RdmaConnection::HandleCompletion(const ibv_wc& wc) {
       break;
     case kWrRead:
       ++reads_completed_;
+      break;
+    case kWrOneSidedWrite:
+      ++one_sided_completed_;
       break;
     default:
       FailLocked(Status::Internal(fmt::format("rdma: completion with unknown wr_id {:#x}", wc.wr_id)));
@@ -908,6 +935,61 @@ Status RdmaConnection::ReceiveBulk(const BulkSink& sink, uint64_t length, Deadli
     }
   }
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// One-sided writes (log_ring.cc)
+
+Result<ibv_mr*> RdmaConnection::RegisterOneSided(void* addr, size_t bytes, bool remote_write) {
+  const int access = IBV_ACCESS_LOCAL_WRITE | (remote_write ? IBV_ACCESS_REMOTE_WRITE : 0);
+  ibv_mr* mr = ibv_reg_mr(pd_, addr, bytes, access);
+  if (mr == nullptr) {
+    return ErrnoStatus(errno, fmt::format("rdma: register {} bytes for one-sided access ({})", bytes, peer_uri_));
+  }
+  return mr;
+}
+
+Result<uint64_t> RdmaConnection::PostOneSidedWrite(const void* local, uint32_t lkey, uint32_t length,
+                                                   uint64_t remote_addr, uint32_t rkey, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  CANOPY_RETURN_IF_ERROR(WaitLocked(
+      lock, deadline,
+      [this] { return one_sided_posted_ - one_sided_completed_ < kOneSidedWrites && sq_room() > 0; },
+      "waiting for room to post a one-sided write", /*allow_after_local_shutdown=*/true));
+  ibv_sge sge{};
+  sge.addr = reinterpret_cast<uintptr_t>(local);
+  sge.length = length;
+  sge.lkey = lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = MakeWrId(kWrOneSidedWrite, 0);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED | (length <= max_inline_ ? IBV_SEND_INLINE : 0);
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp_, &wr, &bad); rc != 0) {
+    Status s = ErrnoStatus(rc, fmt::format("rdma: ibv_post_send (one-sided RDMA WRITE) to {}", peer_uri_));
+    FailLocked(Status::Unavailable(s.message()));
+    return state_.failure();
+  }
+  ++sq_outstanding_;
+  return ++one_sided_posted_;
+}
+
+Status RdmaConnection::WaitOneSidedWrite(uint64_t seq, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Status waited = WaitLocked(
+      lock, deadline, [&] { return one_sided_completed_ >= seq; }, "waiting for one-sided writes to complete", true);
+  // A refused write fails the connection; report why even when it completed late.
+  if (!waited.ok() || one_sided_completed_ < seq) return waited;
+  return state_.CheckAlive();
+}
+
+Status RdmaConnection::OneSidedHealth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_.CheckAlive();
 }
 
 }  // namespace canopy::transport::rdma

@@ -291,7 +291,7 @@ Status RdmaConnection::CreateResources(bool active) {
   staging_bytes_ = kStagingBytes;
   max_reads_ = 8;
   const uint32_t max_wr = static_cast<uint32_t>(std::max(attr.max_qp_wr, 16));
-  sq_depth_ = std::min(max_wr, data_send_slots_ + ctrl_send_slots_ + max_reads_ + 2 + 4);
+  sq_depth_ = std::min(max_wr, data_send_slots_ + ctrl_send_slots_ + max_reads_ + 2 + 4 + kOneSidedWrites);
   uint32_t recv_depth = data_depth_ + ctrl_depth_;
   if (recv_depth > max_wr) {
     data_depth_ = max_wr - ctrl_depth_;
