@@ -234,7 +234,7 @@ void Node::Impl::AcceptLoop() {
 
 void Node::Impl::ServeConnection(transport::Connection& conn) {
   if (!Register(&conn)) return;
-  auto id = ListenerHandshake(conn, hs, Deadline::After(std::chrono::seconds(5)));
+  auto id = ListenerHandshake(conn, hs, Deadline::After(options.handshake_timeout));
   if (!id.ok()) {
     if (!stopping)
       CANOPY_LOG(kWarn, "node {}: refused {}: {}", node_id, conn.peer_uri(), id.status().ToString());

@@ -81,6 +81,12 @@ struct NodeOptions {
   // Metadata raft election timeout (raft randomizes it in [t, 2t)); its
   // heartbeat is a fifth of it.
   std::chrono::milliseconds raft_election_timeout{150};
+  // Bound on the HELLO / authentication exchange of a connection this node
+  // accepted; the node's own dials (to members, to a tree's leader) give up
+  // after 3/5 of it, so that their timeout, not the peer's close, is what
+  // they see. Raise it where the link or the machine is slow (emulated
+  // guests): a handshake that loses the race is refused, never half-open.
+  std::chrono::milliseconds handshake_timeout{5000};
   size_t snapshot_chunk_bytes = 1u << 20;
   // Metadata raft (leader failover). Empty raft_address: no metadata
   // service; every tree keeps its ring leader at epoch 1 and there is no

@@ -111,7 +111,7 @@ Result<std::pair<std::string, std::unique_ptr<transport::Connection>>> Node::Imp
     const std::string& peer_uri) {
   CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(peer_uri, topts));
   CANOPY_ASSIGN_OR_RETURN(PeerIdentity id,
-                          DialerHandshake(*conn, hs, Deadline::After(std::chrono::seconds(3))));
+                          DialerHandshake(*conn, hs, DialHandshakeDeadline()));
   return std::make_pair(id.node_id, std::move(conn));
 }
 

@@ -349,6 +349,8 @@ struct Node::Impl {
   // not in the raft group yet (a joining node started with --raft and no
   // --raft-peer).
   void AddRaftMembers();
+  // Deadline of a handshake on a connection this node dialed.
+  Deadline DialHandshakeDeadline() const { return Deadline::After(options.handshake_timeout * 3 / 5); }
   void RebalanceRaftLeadership();
   // Starts a ReplicaLoop for every tree we own but do not lead.
   void StartReplicas();

@@ -87,7 +87,7 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
   const std::string& leader = l.leader;
   const uint64_t epoch = l.epoch;
   CANOPY_ASSIGN_OR_RETURN(PeerIdentity id,
-                          DialerHandshake(conn, hs, Deadline::After(std::chrono::seconds(3))));
+                          DialerHandshake(conn, hs, DialHandshakeDeadline()));
   *reached = true;
   Heard(id.node_id);
   if (id.node_id != leader) {

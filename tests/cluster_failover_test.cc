@@ -17,7 +17,7 @@ CommitRequest PutRoot(const std::string& key, const std::string& value) {
   CommitRequest r;
   r.tree = "ha";
   r.level = ConsistencyLevel::kQuorum;
-  r.timeout_ms = 3000;
+  r.timeout_ms = static_cast<uint32_t>(ScaledBound(std::chrono::milliseconds(3000)).count());
   r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, value, 0});
   return r;
 }

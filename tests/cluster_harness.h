@@ -143,6 +143,10 @@ class TestCluster {
       args.push_back("--seed");
       args.push_back(s);
     }
+    // Handshakes get the same slack as every other bound of the tests
+    // (CANOPY_TEST_TIME_SCALE: 10 in emulated guests).
+    args.push_back("--handshake-ms");
+    args.push_back(std::to_string(ScaledBound(std::chrono::milliseconds(5000)).count()));
     for (const auto& a : n.extra_args) args.push_back(a);
     pid_t pid = ::fork();
     if (pid == 0) {

@@ -167,7 +167,8 @@ int RunNode(int argc, char** argv) {
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
-  uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000;
+  uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000,
+           handshake_ms = 5000;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
   std::string max_snapshot_bytes = "1T";
@@ -213,6 +214,9 @@ int RunNode(int argc, char** argv) {
        "refused connection is evidence at once)")
       ("raft-election-ms", po::value(&raft_election_ms)->default_value(150),
        "metadata raft election timeout (randomized in [t, 2t); its heartbeat is t/5)")
+      ("handshake-ms", po::value(&handshake_ms)->default_value(5000),
+       "bound on a peer's or client's HELLO/authentication exchange with this node (its own dials use 3/5 of "
+       "it); raise it on slow or emulated machines")
       ("raft-rebalance-ms", po::value(&raft_rebalance_ms)->default_value(1000),
        "the metadata raft leader hands raft leadership to a live voter that leads fewer trees, at most once "
        "per this many ms (0: never), so that one crash rarely costs both a tree failover and a raft election")
@@ -312,6 +316,8 @@ int RunNode(int argc, char** argv) {
   if (raft_election_ms < 10) throw UsageError("--raft-election-ms must be at least 10");
   o.raft_election_timeout = std::chrono::milliseconds(raft_election_ms);
   o.raft_leader_rebalance_interval = std::chrono::milliseconds(raft_rebalance_ms);
+  if (handshake_ms < 10) throw UsageError("--handshake-ms must be at least 10");
+  o.handshake_timeout = std::chrono::milliseconds(handshake_ms);
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
