@@ -25,11 +25,7 @@ CommitRequest PutRoot(const std::string& key, const std::string& value) {
 TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite) {
   TestCluster c;
   c.EnableRaft(3);
-  for (size_t i = 0; i < 3; ++i) {
-    c.AddNode();
-    ASSERT_TRUE(c.Start(i));
-  }
-  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  ASSERT_TRUE(c.StartNodes(3));
 
   // Create the tree (its leader registers epoch 1 in the metadata raft;
   // the raft may still be electing, so retry for a while).
@@ -162,11 +158,7 @@ TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite
 TEST(ClusterFailoverTest, RaftLeadershipMovesOffTheOnlyTreeLeader) {
   TestCluster c;
   c.EnableRaft(3);
-  for (size_t i = 0; i < 3; ++i) {
-    c.AddNode();
-    ASSERT_TRUE(c.Start(i));
-  }
-  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  ASSERT_TRUE(c.StartNodes(3));
 
   // Every node names the same raft leader.
   std::optional<replication::StatusReply> status;
@@ -240,11 +232,7 @@ TEST(ClusterFailoverTest, RaftLeadershipMovesOffTheOnlyTreeLeader) {
 TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
   TestCluster c;
   c.EnableRaft(3);
-  for (size_t i = 0; i < 3; ++i) {
-    c.AddNode();
-    ASSERT_TRUE(c.Start(i));
-  }
-  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  ASSERT_TRUE(c.StartNodes(3));
   std::string leader_uri;
   ASSERT_TRUE(WaitUntil(
       [&] {

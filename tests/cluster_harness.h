@@ -234,6 +234,23 @@ class TestCluster {
     return std::nullopt;
   }
 
+  // Adds `count` nodes (the first EnableRaft() ones with the metadata raft),
+  // starts each and waits until every one lists all of them. False when a
+  // node does not start or the membership does not settle (a test failure
+  // says which).
+  bool StartNodes(size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      size_t index = AddNode();
+      if (!Start(index)) {
+        ADD_FAILURE() << "node " << index + 1 << " did not start: " << Log(index);
+        return false;
+      }
+    }
+    if (WaitForMembers(nodes_.size())) return true;
+    ADD_FAILURE() << "membership did not settle at " << nodes_.size() << " nodes: " << Log(0);
+    return false;
+  }
+
   // Waits until every running node lists `count` members.
   bool WaitForMembers(size_t count, std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
     return WaitUntil(

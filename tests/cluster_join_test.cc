@@ -65,11 +65,7 @@ uint64_t CreateAndLoad(TestCluster& c, const std::string& name, int commits, Con
 TEST(ClusterJoinTest, FourthNodeReceivesExactlyItsTrees) {
   TestCluster c;
   c.EnableRaft(3);
-  for (size_t i = 0; i < 3; ++i) {
-    c.AddNode();
-    ASSERT_TRUE(c.Start(i));
-  }
-  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  ASSERT_TRUE(c.StartNodes(3));
   const int kTrees = 12;
   std::map<std::string, uint64_t> versions;
   for (int t = 0; t < kTrees; ++t) {

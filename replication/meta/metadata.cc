@@ -183,6 +183,12 @@ class MetadataService::Impl {
   Status AddMember(uint64_t id, const std::string& address, Deadline deadline);
   Status RemoveMember(uint64_t id, Deadline deadline);
   Status TransferLeadership(uint64_t target, Deadline deadline);
+  // Runs `start(done)` on the loop thread when this node is the raft leader
+  // (else fails `done` with Unavailable naming the leader, or Aborted when
+  // stopping) and waits for `done` until `deadline`. `start` hands a request
+  // to raft, whose callback completes `done`, or completes it itself.
+  Status OnLeaderAndWait(const char* what, Deadline deadline,
+                         std::function<void(const std::shared_ptr<Completion<Done>>&)> start);
 
   ClusterState ReadLocal() const {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -882,11 +888,10 @@ void MetadataService::Impl::OnBarrier(struct raft_barrier* r, int status) {
   delete req;
 }
 
-Status MetadataService::Impl::AddMember(uint64_t id, const std::string& address, Deadline deadline) {
-  if (id == 0) return Status::InvalidArgument("AddMember: node id 0");
-  CANOPY_RETURN_IF_ERROR(ValidateAddress(address));
+Status MetadataService::Impl::OnLeaderAndWait(
+    const char* what, Deadline deadline, std::function<void(const std::shared_ptr<Completion<Done>>&)> start) {
   auto done = std::make_shared<Completion<Done>>();
-  Post([this, done, id, address](bool run) {
+  Post([this, done, start = std::move(start)](bool run) {
     if (!run) {
       done->Set(Status::Aborted("metadata service stopping"));
       return;
@@ -895,6 +900,16 @@ Status MetadataService::Impl::AddMember(uint64_t id, const std::string& address,
       done->Set(NotLeaderStatus());
       return;
     }
+    start(done);
+  });
+  auto r = done->Wait(deadline, what);
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+Status MetadataService::Impl::AddMember(uint64_t id, const std::string& address, Deadline deadline) {
+  if (id == 0) return Status::InvalidArgument("AddMember: node id 0");
+  CANOPY_RETURN_IF_ERROR(ValidateAddress(address));
+  return OnLeaderAndWait("AddMember", deadline, [this, id, address](const std::shared_ptr<Completion<Done>>& done) {
     // Already there (an earlier attempt got as far as raft_add)?
     const raft_server* existing = nullptr;
     for (unsigned i = 0; i < raft_.configuration.n; ++i) {
@@ -929,22 +944,11 @@ Status MetadataService::Impl::AddMember(uint64_t id, const std::string& address,
     }
     Track(req);
   });
-  auto r = done->Wait(deadline, "AddMember");
-  return r.ok() ? Status::Ok() : r.status();
 }
 
 Status MetadataService::Impl::RemoveMember(uint64_t id, Deadline deadline) {
   if (id == 0) return Status::InvalidArgument("RemoveMember: node id 0");
-  auto done = std::make_shared<Completion<Done>>();
-  Post([this, done, id](bool run) {
-    if (!run) {
-      done->Set(Status::Aborted("metadata service stopping"));
-      return;
-    }
-    if (raft_state(&raft_) != RAFT_LEADER) {
-      done->Set(NotLeaderStatus());
-      return;
-    }
+  return OnLeaderAndWait("RemoveMember", deadline, [this, id](const std::shared_ptr<Completion<Done>>& done) {
     auto* req = new ChangeRequest;
     req->req.data = req;
     req->impl = this;
@@ -959,24 +963,13 @@ Status MetadataService::Impl::RemoveMember(uint64_t id, Deadline deadline) {
     }
     Track(req);
   });
-  auto r = done->Wait(deadline, "RemoveMember");
-  return r.ok() ? Status::Ok() : r.status();
 }
 
 Status MetadataService::Impl::TransferLeadership(uint64_t target, Deadline deadline) {
   if (target == 0 || target == options_.node_id) {
     return Status::InvalidArgument(fmt::format("TransferLeadership: {} is not another member", target));
   }
-  auto done = std::make_shared<Completion<Done>>();
-  Post([this, done, target](bool run) {
-    if (!run) {
-      done->Set(Status::Aborted("metadata service stopping"));
-      return;
-    }
-    if (raft_state(&raft_) != RAFT_LEADER) {
-      done->Set(NotLeaderStatus());
-      return;
-    }
+  return OnLeaderAndWait("TransferLeadership", deadline, [this, target](const std::shared_ptr<Completion<Done>>& done) {
     auto* req = new TransferRequest;
     req->req.data = req;
     req->impl = this;
@@ -992,8 +985,6 @@ Status MetadataService::Impl::TransferLeadership(uint64_t target, Deadline deadl
     }
     Track(req);
   });
-  auto r = done->Wait(deadline, "TransferLeadership");
-  return r.ok() ? Status::Ok() : r.status();
 }
 
 // raft calls this once the transfer ended: the target won (this node has
