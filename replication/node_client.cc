@@ -158,7 +158,7 @@ void Node::Impl::WakeCommitWaitersLocked(const std::string& tree_name, PendingCo
   }
 }
 
-void Node::Impl::ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks) {
+void Node::Impl::ClaimPendingLocked(std::shared_ptr<PendingCommit> p, std::optional<uint32_t> acks) {
   p->acks = acks ? *acks : CountAcksLocked(p->tree, p->reply.version, p->owners);
   auto it = pending_commits.find(p->tree);
   it->second.erase(p->in_tree);
@@ -352,8 +352,8 @@ void CommitPipeline::TimerLoop() {
     const auto now = Clock::now();
     const bool stopping = node_.stopping.load();
     for (auto it = by_deadline_.begin(); it != by_deadline_.end();) {
-      auto& p = it->second;
-      ++it;  // p's entry may be erased below
+      std::shared_ptr<PendingCommit> p = it->second;  // a copy: claiming erases the entry
+      ++it;
       if (stopping || p->deadline.at() <= now ||
           (poll && node_.CountAcksLocked(p->tree, p->reply.version, p->owners) >= p->need)) {
         node_.ClaimPendingLocked(p);

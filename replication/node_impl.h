@@ -458,8 +458,9 @@ struct Node::Impl {
   std::map<std::string, std::multimap<uint64_t, std::shared_ptr<PendingCommit>>> pending_commits;  // (mu)
   // Removes `p` from pending_commits and its pipeline's index, records its
   // acks now (counted, unless given) and counts its reply as in flight (the
-  // pipeline waits for it).
-  void ClaimPendingLocked(const std::shared_ptr<PendingCommit>& p, std::optional<uint32_t> acks = std::nullopt);
+  // pipeline waits for it). Takes `p` by value: a caller's reference into
+  // one of those indexes would dangle once its entry is erased.
+  void ClaimPendingLocked(std::shared_ptr<PendingCommit> p, std::optional<uint32_t> acks = std::nullopt);
   // Sends the replies of claimed commits (without mu).
   void FinishCommits(PendingCommits& claimed);
   // Commits `req` on the leader (once, whatever retries: the request id is

@@ -102,7 +102,7 @@ TEST(ClusterReplicationTest, QuorumWritesSurviveKilledReplicaWhichCatchesUp) {
     r.timeout_ms = 500;
     return r;
   }());
-  ASSERT_TRUE(all.ok());
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(all->status.code, StatusCode::kTimeout);
   last = all->version;
 
