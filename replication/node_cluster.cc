@@ -475,7 +475,7 @@ void Node::Impl::RebalanceRaftLeadership() {
     if (mine == 0) return;
     for (uint64_t v : voters) {
       if (!AliveLocked(std::to_string(v))) continue;
-      size_t n = led.count(v) ? led[v] : 0;
+      size_t n = led[v];
       if (n < mine && (target == 0 || n < fewest)) {
         target = v;
         fewest = n;

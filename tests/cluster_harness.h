@@ -235,12 +235,12 @@ class TestCluster {
   }
 
   // Adds `count` nodes (the first EnableRaft() ones with the metadata raft),
-  // starts each and waits until every one lists all of them. False when a
-  // node does not start or the membership does not settle (a test failure
-  // says which).
-  bool StartNodes(size_t count) {
+  // each with `extra_args`, starts each and waits until every one lists all
+  // of them. False when a node does not start or the membership does not
+  // settle (a test failure says which).
+  bool StartNodes(size_t count, const std::vector<std::string>& extra_args = {}) {
     for (size_t i = 0; i < count; ++i) {
-      size_t index = AddNode();
+      size_t index = AddNode(extra_args);
       if (!Start(index)) {
         ADD_FAILURE() << "node " << index + 1 << " did not start: " << Log(index);
         return false;

@@ -172,11 +172,7 @@ TEST(ClusterJoinTest, JoinerGetsCheckpointFilesThenTheWalTailAndKeepsThemOnResta
   TestCluster c;
   c.EnableRaft(3);
   const std::vector<std::string> every3 = {"--checkpoint-every", "3"};
-  for (size_t i = 0; i < 3; ++i) {
-    c.AddNode(every3);
-    ASSERT_TRUE(c.Start(i));
-  }
-  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  ASSERT_TRUE(c.StartNodes(3, every3));
   const int kTrees = 8;
   std::map<std::string, uint64_t> versions;
   for (int t = 0; t < kTrees; ++t) {

@@ -576,9 +576,9 @@ TEST(MetadataServiceTest, LeadershipTransfersToTheChosenVoter) {
   ASSERT_TRUE(e1.ok()) << e1.status().ToString();
 
   // Bad targets are refused without touching leadership.
-  EXPECT_TRUE(leader->TransferLeadership(leader->node_id(), Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
-  EXPECT_TRUE(leader->TransferLeadership(0, Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
-  EXPECT_TRUE(leader->TransferLeadership(99, Deadline::After(5s)).code() == StatusCode::kInvalidArgument);
+  EXPECT_EQ(leader->TransferLeadership(leader->node_id(), Deadline::After(5s)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(leader->TransferLeadership(0, Deadline::After(5s)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(leader->TransferLeadership(99, Deadline::After(5s)).code(), StatusCode::kInvalidArgument);
   uint64_t target = 0;
   for (auto* s : c.Running()) {
     if (s != leader) {
