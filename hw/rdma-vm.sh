@@ -17,11 +17,15 @@
 #   --keep         keep the temporary results directory (its path is printed)
 #   --mem MIB      guest memory (default 1536)   --smp N   guest vCPUs (default 2)
 #   --cwd DIR      working directory in the guest (default: the current directory)
+#   --share DIR    a host directory the guest must see although it lies under /tmp, /run or
+#                  /dev/shm (which the guest covers with its own tmpfs); it is mounted read-only
+#                  at its host path. The --cwd directory is shared so by itself. (repeatable)
 #   --env NAME=V   extra environment variable for the guest commands (repeatable)
 #   --quiet        do not copy the guests' output to stdout/stderr
 #
 # Each guest's command runs as root under bash in a chroot of the host's / (read-only 9p), with
-# tmpfs on /tmp /run /dev/shm, `ulimit -l unlimited`, rxe0 on eth0, and environment
+# tmpfs on /tmp /run /dev/shm (with the --cwd and --share directories under them mounted back,
+# read-only), `ulimit -l unlimited`, rxe0 on eth0, and environment
 #   CANOPY_VM_ROLE=a|b  CANOPY_VM_SELF=<own IPv4>  CANOPY_VM_PEER=<the other's IPv4>
 #   CANOPY_RDMA_TEST_ADDR=<own IPv4>  CANOPY_VM_OUT=<results dir, writable, shared by both guests>
 #   CANOPY_VM_DIR=<this guest's own results dir>
@@ -59,7 +63,7 @@ BUSYBOX=${CANOPY_VM_BUSYBOX:-/bin/busybox}
 # Modules the guest loads before the 9p root (virtio, 9p) and for Soft-RoCE (rxe needs
 # crc32_generic for its ICRC, rdma_ucm for librdmacm's /dev/infiniband/rdma_cm).
 MODULES=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe ib_uverbs rdma_ucm)
-INITRAMFS_VERSION=6  # bump when the init script or the module list changes
+INITRAMFS_VERSION=7  # bump when the init script or the module list changes
 
 # ---------------------------------------------------------------- preparation (cached)
 
@@ -236,6 +240,14 @@ mount -t devtmpfs dev /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm
 mount -t devpts devpts /newroot/dev/pts 2>/dev/null
 for d in /tmp /run /dev/shm; do mount -t tmpfs -o mode=1777 tmpfs "/newroot$d" || log "cannot mount tmpfs on $d"; done
+# Host directories under those tmpfs mounts that the command needs (a build tree in /tmp):
+# each its own read-only 9p share (tag share0, share1, ...), mounted back at its host path.
+i=0
+for d in $(arg shares | tr ',' ' '); do
+  mkdir -p "/newroot$d" 2>/dev/null
+  mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=$(arg rootcache),msize=${msize:-512000} "share$i" "/newroot$d" || { log "cannot mount share$i at $d"; poweroff -f; }
+  i=$((i + 1))
+done
 # The results directory, at its host path (a directory under /tmp is made in the guest's tmpfs).
 mkdir -p "/newroot$out" 2>/dev/null
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=${msize:-512000} results "/newroot$out" || { log "cannot mount results at $out"; poweroff -f; }
@@ -314,6 +326,11 @@ start_guest() {
   append+=" canopy.role=$role canopy.ip=$ip canopy.peer=$peer canopy.rootcache=$ROOT_CACHE"
   append+=" canopy.peermac=$peermac"
   append+=" canopy.out=$OUT canopy.cwd=$CWD canopy.shell=$shell"
+  local shares=() i
+  for i in "${!SHARES[@]}"; do
+    shares+=(-virtfs "local,path=${SHARES[$i]},mount_tag=share$i,readonly=on,security_model=none,multidevs=remap")
+  done
+  ((${#SHARES[@]})) && append+=" canopy.shares=$(IFS=,; echo "${SHARES[*]}")"
   if [[ $console == stdio ]]; then serial=(-serial mon:stdio); else serial=(-serial "file:$OUT/$role/console.log"); fi
   local accel=(-accel "$ACCEL")
   [[ $ACCEL == tcg ]] && accel=(-accel tcg,thread=multi)
@@ -323,10 +340,34 @@ start_guest() {
     "${serial[@]}" \
     -netdev "$netdev" -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=" \
     -virtfs local,path=/,mount_tag=hostroot,readonly=on,security_model=none,multidevs=remap \
+    "${shares[@]}" \
     -virtfs "local,path=$OUT,mount_tag=results,security_model=none,multidevs=remap" \
     <&"$([[ $console == stdio ]] && echo 3 || echo 4)" \
     >"$([[ $console == stdio ]] && echo /dev/stdout || echo "$OUT/$role/qemu.log")" 2>&1 &
   QEMU_PIDS+=("$!")
+}
+
+# collect_shares DIR...: sets SHARES to those DIRs (made canonical) that lie under a directory
+# the guest covers with tmpfs (/tmp, /run, /dev/shm), without repeats.
+SHARES=()
+collect_shares() {
+  local d real s seen
+  for d in "$@"; do
+    [[ -d $d ]] || die "--share/--cwd $d is not a directory"
+    real=$(cd "$d" && pwd -P)
+    [[ ! $real =~ [[:space:],] ]] || die "--share/--cwd $real must not contain spaces or commas"
+    case "$real/" in
+      /tmp/*|/run/*|/dev/shm/*) ;;
+      *) continue ;;
+    esac
+    seen=0
+    for s in ${SHARES[@]+"${SHARES[@]}"}; do [[ $s == "$real" ]] && seen=1; done
+    ((seen)) || SHARES+=("$real")
+  done
+  # A parent before its children, so that a nested share is mounted on top of its parent's.
+  if ((${#SHARES[@]} > 1)); then
+    mapfile -t SHARES < <(printf '%s\n' "${SHARES[@]}" | awk '{ print length($0) "\t" $0 }' | sort -n | cut -f2-)
+  fi
 }
 
 free_port() {
@@ -430,7 +471,7 @@ cmd=${1:-}
 [[ -n $cmd ]] || die "usage: $0 prepare | check | run [OPTS] -- CMD | pair [OPTS] --a CMD --b CMD | shell [--pair]"
 shift
 TIMEOUT=600; MEM=1536; SMP=2; CWD=$PWD; QUIET=0; KEEP=0; PAIR=0
-CMD_A=""; CMD_B=""; ENVS=()
+CMD_A=""; CMD_B=""; ENVS=(); SHARE_ARGS=()
 while (($#)); do
   case "$1" in
     --timeout) TIMEOUT=$2; shift ;;
@@ -440,6 +481,7 @@ while (($#)); do
     --smp) SMP=$2; shift ;;
     --cwd) CWD=$2; shift ;;
     --env) ENVS+=("$2"); shift ;;
+    --share) SHARE_ARGS+=("$2"); shift ;;
     --quiet) QUIET=1 ;;
     --pair) PAIR=1 ;;
     --a) CMD_A=$2; shift ;;
@@ -471,6 +513,7 @@ case "$cmd" in
     rm -f /tmp/rdma-vm-prepare.$$
     read -r IMAGE INITRD <<<"$result"
     [[ $CWD == /* && ! $CWD =~ [[:space:]] ]] || die "--cwd must be an absolute path without spaces"
+    collect_shares "$CWD" ${SHARE_ARGS[@]+"${SHARE_ARGS[@]}"}
     if [[ -z $OUT ]]; then
       OUT=$(mktemp -d "${TMPDIR:-/tmp}/rdma-vm.XXXXXX")
       ((KEEP)) || REMOVE_OUT=1

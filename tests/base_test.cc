@@ -2,19 +2,24 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "base/clock.h"
 #include "base/coding.h"
 #include "base/crc32c.h"
 #include "base/file.h"
 #include "base/metrics.h"
 #include "base/result.h"
 #include "base/status.h"
+#include "base/thread_set.h"
 #include "base/units.h"
 #include "tests/testing/test_util.h"
 
@@ -211,4 +216,57 @@ TEST(MetricsTest, ExpositionHasCountersGaugesHistogramsAndLabels) {
 }
 
 }  // namespace
+}  // namespace canopy
+
+namespace canopy {
+namespace {
+std::atomic<int> thread_local_teardowns{0};
+struct CountsItsTeardown {
+  ~CountsItsTeardown() { thread_local_teardowns.fetch_add(1); }
+};
+thread_local CountsItsTeardown per_thread_state;
+}  // namespace
+
+TEST(ThreadSetTest, JoinAllReturnsAfterEveryThreadFinishedItsThreadLocalTeardown) {
+  thread_local_teardowns.store(0);
+  constexpr int kThreads = 8;
+  std::atomic<int> ran{0};
+  {
+    ThreadSet set;
+    for (int i = 0; i < kThreads; ++i) {
+      auto owned = std::make_unique<int>(i);  // a move-only capture
+      set.Spawn([&ran, owned = std::move(owned)] {
+        (void)&per_thread_state;  // naming it here constructs this thread's instance
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ran.fetch_add(1 + 0 * *owned);
+      });
+    }
+    set.JoinAll();
+    // Every task ran, and every thread has gone past its thread_local
+    // destructors: a detached thread gives no such guarantee.
+    EXPECT_EQ(ran.load(), kThreads);
+    EXPECT_EQ(thread_local_teardowns.load(), kThreads);
+    EXPECT_EQ(set.size(), 0u);
+  }
+}
+
+TEST(ThreadSetTest, SpawnReapsThreadsThatFinished) {
+  ThreadSet set;
+  std::atomic<int> done{0};
+  for (int i = 0; i < 4; ++i) set.Spawn([&done] { done.fetch_add(1); });
+  const Deadline deadline = Deadline::After(canopy::testing::ScaledBound(std::chrono::seconds(5)));
+  while (done.load() < 4 && !deadline.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(done.load(), 4);
+  // The tasks have returned; their threads are joined by Reap (or by the next
+  // Spawn), so a long-running server does not accumulate them.
+  while (set.size() > 0 && !deadline.expired()) {
+    set.Reap();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(set.size(), 0u);
+  set.Spawn([] {});
+  set.JoinAll();
+  EXPECT_EQ(set.size(), 0u);
+}
+
 }  // namespace canopy

@@ -27,6 +27,9 @@ done
 # Everything in the guests runs 10-50x slower than on the host (TCG): the tests' hang bounds
 # (not what they assert) are scaled (tests/testing/test_util.h, TestTimeScale).
 envs=(--env CANOPY_TEST_TIME_SCALE="${CANOPY_TEST_TIME_SCALE:-10}")
+# The source tree too (the guest script, test data): under /tmp (a fresh clone there) the guest
+# sees it only as a share (hw/rdma-vm.sh --share); elsewhere it is part of the host root anyway.
+envs+=(--share "$src")
 [[ -n ${CANOPY_VM_FULL:-} ]] && envs+=(--env CANOPY_VM_FULL=1)
 # The guests are CPU-bound emulation: keep the host responsive.
 run_vm() { exec nice -n 5 bash "$vm" "$@"; }

@@ -24,6 +24,7 @@
 #include "base/coding.h"
 #include "base/logging.h"
 #include "base/metrics.h"
+#include "base/thread_set.h"
 #include "fmt/format.h"
 #include "transport/auth.h"
 #include "transport/registry.h"
@@ -728,7 +729,8 @@ class BenchServer::Impl {
       if (accept_thread_.joinable()) accept_thread_.join();
       std::unique_lock<std::mutex> lock(mu_);
       for (auto& [id, conn] : live_) conn->Close();
-      cv_.wait(lock, [&] { return active_ == 0; });
+      lock.unlock();
+      handlers_.JoinAll();
     });
   }
 
@@ -761,7 +763,7 @@ class BenchServer::Impl {
       if (!busy) ++serving_;
       live_[id] = conn.get();
       lock.unlock();
-      std::thread([this, id, busy, accepted_at, c = std::move(conn)]() mutable {
+      handlers_.Spawn([this, id, busy, accepted_at, c = std::move(conn)]() mutable {
         // Totals for `bench --server --metrics` (base/metrics.h); bytes and
         // connections are the transport's canopy_transport_* counters.
         static prometheus::Gauge& serving_now =
@@ -796,8 +798,7 @@ class BenchServer::Impl {
         std::lock_guard<std::mutex> guard(mu_);
         if (!busy) --serving_;
         --active_;
-        cv_.notify_all();
-      }).detach();
+      });
     }
   }
 
@@ -955,11 +956,11 @@ class BenchServer::Impl {
   std::atomic<bool> stopping_{false};
   std::once_flag stop_once_;
   std::mutex mu_;
-  std::condition_variable cv_;
   std::map<uint64_t, Connection*> live_;
   size_t active_ = 0;   // connection threads
   size_t serving_ = 0;  // ... of which serve a client (not busy rejections)
   uint64_t next_id_ = 1;
+  ThreadSet handlers_;  // one thread per connection; Stop() joins them all
 };
 
 BenchServer::BenchServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

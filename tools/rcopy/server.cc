@@ -18,6 +18,7 @@
 #include "base/coding.h"
 #include "base/file.h"
 #include "base/logging.h"
+#include "base/thread_set.h"
 #include "fmt/format.h"
 #include "tools/rcopy/auth.h"
 #include "tools/rcopy/checksum.h"
@@ -506,7 +507,8 @@ class Server::Impl {
       if (accept_thread_.joinable()) accept_thread_.join();
       std::unique_lock<std::mutex> lock(mu_);
       for (auto& [id, conn] : live_) conn->Close();
-      cv_.wait(lock, [&] { return active_ == 0; });
+      lock.unlock();
+      connection_threads_.JoinAll();
     });
   }
 
@@ -555,7 +557,7 @@ class Server::Impl {
       peak_active_ = std::max(peak_active_, active_);
       live_[id] = conn.get();
       lock.unlock();
-      std::thread([this, id, c = std::move(conn)]() mutable { RunConnection(id, std::move(c)); }).detach();
+      connection_threads_.Spawn([this, id, c = std::move(conn)]() mutable { RunConnection(id, std::move(c)); });
     }
   }
 
@@ -568,7 +570,6 @@ class Server::Impl {
     conn.reset();
     std::lock_guard<std::mutex> lock(mu_);
     --active_;
-    cv_.notify_all();
   }
 
   Status SendResult(Connection& conn, const ResultMessage& result) {
@@ -964,12 +965,12 @@ class Server::Impl {
   std::atomic<bool> stopping_{false};
 
   std::mutex mu_;
-  std::condition_variable cv_;
   std::map<uint64_t, Connection*> live_;
   size_t active_ = 0;
   size_t peak_active_ = 0;
   uint64_t next_id_ = 1;
   std::once_flag stop_once_;
+  ThreadSet connection_threads_;  // one per connection; Stop() joins them all
 
   std::mutex transfers_mu_;
   std::map<uint64_t, std::shared_ptr<Transfer>> transfers_;
