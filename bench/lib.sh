@@ -57,14 +57,20 @@ bench_pick() {
 # bench_log MESSAGE... -> stderr, prefixed with the scenario's name.
 bench_log() { echo "[$(basename "${0%.sh}")] $*" >&2; }
 
-# bench_free_port -> a TCP port on 127.0.0.1 nobody listens on right now
+# bench_free_port -> a TCP port on 127.0.0.1 nobody uses right now
 # (there is a window between this and the bind: servers that can bind port 0
-# and report it, like rcopy --port-file, should do that instead).
+# and report it, like rcopy --port-file, should do that instead). The port is
+# outside the kernel's ephemeral range (net.ipv4.ip_local_port_range), so that
+# no outgoing connection of another process running meanwhile (the tests run
+# beside bench_run_tiny) can be given it before our server binds it.
 bench_free_port() {
-  local port used tries=0
+  local port used tries=0 lo=32768 hi=60999 from to
+  read -r lo hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  if ((lo > 12000)); then from=10000 to=$((lo - 1)); else from=$((hi + 1)) to=65535; fi
+  ((to > from)) || { from=20000 to=59999; }  # the whole range is ephemeral: take our chances
   used=$(ss -Htan 2>/dev/null | awk '{ n = split($4, p, ":"); print p[n] }' | sort -u)
   while ((tries++ < 200)); do
-    port=$((20000 + RANDOM % 40000))
+    port=$((from + RANDOM % (to - from + 1)))
     grep -qx "$port" <<<"$used" || { echo "$port"; return 0; }
   done
   return 1

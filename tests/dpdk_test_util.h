@@ -36,7 +36,9 @@ inline TransportOptions MemifOptions(const std::string& canopy_args) {
   TransportOptions options;
   options.backend_args = MemifPairArgs();
   options.backend_args.push_back(canopy_args);
-  options.connect_timeout = 5s;
+  // Hang bounds, not what a test asserts: generous, since a loaded machine
+  // delays the EAL's polling threads (a connect's ARP took over 5 s at load 40).
+  options.connect_timeout = 15s;
   options.io_timeout = 10s;
   return options;
 }
@@ -65,7 +67,7 @@ inline Result<Pair> ConnectMemifPair(const std::string& extra) {
     else
       connect_status = c.status();
   });
-  auto accepted = pair.listener->Accept(Deadline::After(10s));
+  auto accepted = pair.listener->Accept(Deadline::After(20s));
   dialer.join();
   CANOPY_RETURN_IF_ERROR(connect_status);
   if (!accepted.ok()) return accepted.status();

@@ -475,7 +475,9 @@ TEST(MetadataServiceTest, ThreeNodesAgreeOnLeaderEpochs) {
   EXPECT_TRUE(
       leader->CompareAndSet("ring", std::nullopt, std::string("v2"), Deadline::After(10s)).IsConflict());
 
-  // Proposals on a follower are refused and name the leader.
+  // Proposals on a follower are refused and name the leader (once the
+  // follower has heard from it: on a loaded machine a heartbeat can be late).
+  EXPECT_TRUE(WaitUntil([&] { return follower->RaftLeader().id == leader->node_id(); }, 10s));
   Status refused = follower->Put("x", "y", Deadline::After(5s));
   EXPECT_TRUE(refused.IsUnavailable()) << refused.ToString();
   EXPECT_NE(refused.message().find("node " + std::to_string(leader->node_id())), std::string::npos)

@@ -96,7 +96,9 @@ wait_members() {  # N SECONDS
     [[ $n == "$1" ]] && return 0
     sleep 0.1
   done
-  bench_log "the cluster did not reach $1 members in $2 s"
+  bench_log "the cluster did not reach $1 members in $2 s; the nodes' logs end:"
+  local log
+  for log in "$work"/src/n*.log; do [[ -f $log ]] && bench_log "$(basename "$log"): $(tail -n 5 "$log")"; done
   return 1
 }
 
@@ -105,7 +107,7 @@ bench_log "loading $trees trees of $tree_mib MiB on 3 nodes (~$join_mib MiB will
 mkdir -p "$work/src"
 t_load=$(bench_now)
 for i in 1 2 3; do start_source "$i"; done
-wait_members 3 30
+wait_members 3 30 || exit 1
 for ((t = 1; t <= trees; t++)); do
   for ((attempt = 1; ; attempt++)); do
     "$canopy" bench --node "${uris[1]}" "${common[@]}" --tree "jt$t" --cl ALL --count "$tree_mib" \
