@@ -333,21 +333,40 @@ struct StreamChecker {
         const uint64_t m0 = shape_mask[0], m1 = shape_mask[1], m2 = shape_mask[2], m3 = shape_mask[3];
         const uint64_t b0 = shape_bits[0], b1 = shape_bits[1], b2 = shape_bits[2], b3 = shape_bits[3];
         const size_t step = shape_len;
-        if (step <= 16) {
-          while (p < limit && end - p >= 16) {
-            if ((((Load64(p) & m0) ^ b0) | ((Load64(p + 8) & m1) ^ b1)) != 0) break;
-            push(base_logical + static_cast<uint64_t>(p - start));
-            p += step;
+        const size_t span = step <= 16 ? 16 : 32;  // bytes compared per record
+        // Batches of records that all start before `limit`, have `span`
+        // bytes to read and fit on the stack: a counted loop with no other
+        // test than the comparison.
+        while (p < limit && static_cast<size_t>(end - p) >= span) {
+          size_t n = std::min(static_cast<size_t>(limit - p + step - 1) / step,
+                              (static_cast<size_t>(end - p) - span) / step + 1);
+          if (depth == capacity) {
+            open.resize(capacity * 2);
+            stack = open.data();
+            capacity = open.size();
           }
-        } else {
-          while (p < limit && end - p >= 32) {
-            if ((((Load64(p) & m0) ^ b0) | ((Load64(p + 8) & m1) ^ b1) | ((Load64(p + 16) & m2) ^ b2) |
-                 ((Load64(p + 24) & m3) ^ b3)) != 0) {
-              break;
+          n = std::min(n, capacity - depth);
+          const uint64_t at = base_logical + static_cast<uint64_t>(p - start);
+          uint64_t* const top = stack + depth;
+          size_t i = 0;
+          if (span == 16) {
+            for (const uint8_t* r = p; i < n; ++i, r += step) {
+              if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1)) != 0) break;
+              top[i] = at + i * step;
             }
-            push(base_logical + static_cast<uint64_t>(p - start));
-            p += step;
+          } else {
+            for (const uint8_t* r = p; i < n; ++i, r += step) {
+              if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1) | ((Load64(r + 16) & m2) ^ b2) |
+                   ((Load64(r + 24) & m3) ^ b3)) != 0) {
+                break;
+              }
+              top[i] = at + i * step;
+            }
           }
+          depth += i;
+          count += i;
+          p += i * step;
+          if (i < n) break;  // a record of another shape
         }
         if (p >= limit) break;
       }
