@@ -74,6 +74,18 @@ int main(int argc, char** argv) {
   nodes += static_cast<char>(tree::CountNodes(latest->root()));
   nodes += whole[1].substr(tree::kChunkHeaderBytes, whole[1].size() - tree::kChunkOverheadBytes);
   Write(out, "snapshot", "docs-nodes", nodes);
+  // A run of leaves with the same key and value length (the checker compares
+  // those word by word), whole and cut into two NODES blocks (mode 3).
+  std::vector<tree::NodePtr> leaves;
+  for (int i = 0; i < 60; ++i) {
+    leaves.push_back(tree::Node::Make(tree::Node::Attributes{{"id", "value" + std::to_string(100 + i)}}, {}));
+  }
+  tree::Version run("run", 1, tree::Node::Make(tree::Node::Attributes{}, std::move(leaves)));
+  auto run_blocks = tree::EncodeSnapshotChunks(run);
+  std::string run_payload =
+      run_blocks[1].substr(tree::kChunkHeaderBytes, run_blocks[1].size() - tree::kChunkOverheadBytes);
+  Write(out, "snapshot", "leaf-run", std::string("\x01\x3d", 2) + run_payload);
+  Write(out, "snapshot", "leaf-run-cut", std::string("\x03\x3d\x80", 3) + run_payload);
 
   namespace r = replication;
   r::Hello hello{"cluster", "1", r::PeerRole::kNode, r::kProtocolVersion, std::string(r::kNonceBytes, 'n'),

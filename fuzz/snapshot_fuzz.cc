@@ -7,7 +7,11 @@
 // - odd: the rest is a NODES payload. The harness frames it with a valid
 //   HEAD, a valid CRC and a TAIL whose byte count and digest match (node
 //   count from the second byte), so the fuzzer reaches the record and
-//   child-reference checks that a CRC would otherwise hide.
+//   child-reference checks that a CRC would otherwise hide. With bit 1 of
+//   the mode byte also set, a third byte cuts the payload into two NODES
+//   blocks (at that byte's share of 256 of its length): the checker's state
+//   carried from block to block (the stack of subtrees, the last leaf shape
+//   it compares runs of leaves against) is fuzzed across the cut.
 // Whatever opens is then read everywhere: every lazy node decoded (counted,
 // compared with itself re-encoded), its digest taken and re-encoded.
 #include <xxhash.h>
@@ -68,6 +72,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.empty()) return 0;
   uint64_t nodes = static_cast<uint8_t>(in[0]);
   std::string_view payload = in.substr(1);
+  size_t cut = payload.size();
+  if ((data[0] & 2) != 0) {
+    if (payload.empty()) return 0;
+    cut = static_cast<uint8_t>(payload[0]) * (payload.size() - 1) / 256;
+    payload.remove_prefix(1);
+  }
   std::string head;
   PutLengthPrefixed(&head, "fuzz");
   PutFixed64(&head, 1);
@@ -75,7 +85,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PutFixed64(&tail, nodes);
   PutFixed64(&tail, payload.size());
   PutFixed64(&tail, XXH3_64bits(payload.data(), payload.size()));
-  auto v = OpenSnapshotImage(Block(1, 0, head) + Block(2, 1, payload) + Block(3, 2, tail));
+  std::string stream = Block(1, 0, head);
+  if (cut == 0 || cut >= payload.size()) {
+    stream += Block(2, 1, payload) + Block(3, 2, tail);
+  } else {
+    stream += Block(2, 1, payload.substr(0, cut)) + Block(2, 2, payload.substr(cut)) + Block(3, 3, tail);
+  }
+  auto v = OpenSnapshotImage(std::move(stream));
   if (v.ok()) Exercise(*v);
   return 0;
 }

@@ -4,7 +4,10 @@
 // structure behind valid CRCs is refused; format 1 directories migrate.
 #include <gtest/gtest.h>
 
+#include <xxhash.h>
+
 #include <atomic>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -177,6 +180,85 @@ TEST(TreeBlocks, ForgedStructureBehindValidCrcsIsRefused) {
   auto good = open(leaf + std::string("\x00\x01\x06", 3), 2);
   EXPECT_TRUE(good.status().IsCorruption());
   EXPECT_NE(good.status().message().find("digest"), std::string::npos) << good.status().ToString();
+}
+
+// The checker compares a leaf with the same counts, key bytes and value
+// lengths as the leaf before it word by word instead of parsing it (see
+// StreamChecker in tree/snapshot.cc): such runs must be read back exactly
+// and refused as strictly as any other record.
+TEST(TreeBlocks, RunsOfSameShapedLeavesAreCheckedLikeAnyRecord) {
+  constexpr int kLeaves = 40;
+  auto leaf = [](int i) {
+    std::string r("\x01\x02id\x08", 5);
+    r += "value" + std::to_string(100 + i);  // 8 value bytes, different in every leaf
+    r += '\0';
+    return r;
+  };
+  // Build the body directly: leaves, then a root whose deltas name each one.
+  auto image = [&](const std::function<void(int, std::string*)>& edit, const std::string& delta20) {
+    std::string body;
+    std::vector<uint64_t> at;
+    for (int i = 0; i < kLeaves; ++i) {
+      std::string r = leaf(i);
+      edit(i, &r);
+      at.push_back(body.size());
+      body += r;
+    }
+    uint64_t root = body.size();
+    body += std::string("\x00", 1);
+    body += static_cast<char>(kLeaves);
+    for (int i = 0; i < kLeaves; ++i) {
+      if (i == 20 && !delta20.empty()) {
+        body += delta20;
+      } else {
+        PutVarint64(&body, root - at[i]);
+      }
+    }
+    std::string tail;
+    PutFixed64(&tail, kLeaves + 1);
+    PutFixed64(&tail, body.size());
+    PutFixed64(&tail, XXH3_64bits(body.data(), body.size()));
+    return Block(1, 0, HeadPayload()) + Block(2, 1, body) + Block(3, 2, tail);
+  };
+  auto none = [](int, std::string*) {};
+  auto good = OpenSnapshotImage(image(none, ""));
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  ASSERT_EQ(good->root()->child_count(), static_cast<size_t>(kLeaves));
+  for (int i = 0; i < kLeaves; ++i) {
+    EXPECT_EQ(good->root()->child(i)->attribute("id"), "value" + std::to_string(100 + i));
+  }
+  // One leaf in the middle of the run made unsound; every other byte, the
+  // CRCs and the digest are right, so only the record check can refuse it.
+  auto bad = [&](const char* what, const std::function<void(std::string*)>& edit) {
+    auto v = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == 20) edit(r); }, ""));
+    EXPECT_TRUE(v.status().IsCorruption()) << what << ": " << v.status().ToString();
+  };
+  bad("claims a child", [](std::string* r) { r->back() = '\x01'; });
+  bad("value longer than it is", [](std::string* r) { (*r)[4] = '\x09'; });
+  bad("two attributes", [](std::string* r) { (*r)[0] = '\x02'; });
+  bad("count not a whole varint", [](std::string* r) { (*r)[0] = '\x81'; });
+  // A key that differs is a different shape, checked in full, and sound.
+  auto other_key = OpenSnapshotImage(image([](int i, std::string* r) { if (i == 20) (*r)[3] = 'x'; }, ""));
+  ASSERT_TRUE(other_key.ok()) << other_key.status().ToString();
+  EXPECT_EQ(other_key->root()->child(20)->attribute("ix"), "value120");
+  // Child deltas must be minimal varints (what every writer writes): leaf
+  // 20 is at 280 and the root at 560, so its delta 280 is 0x98 0x02; here
+  // it is padded to three bytes.
+  const std::string padded("\x98\x82\x00", 3);
+  auto v = OpenSnapshotImage(image(none, padded));
+  EXPECT_TRUE(v.status().IsCorruption()) << v.status().ToString();
+  // Same-shaped leaves cut into many small blocks read back as built.
+  std::vector<NodePtr> leaves;
+  for (int i = 0; i < 500; ++i) {
+    leaves.push_back(Node::Make(Node::Attributes{{"id", "v" + std::to_string(1000 + i)}}, std::vector<NodePtr>{}));
+  }
+  Version built("t", 3, Node::Make(Node::Attributes{}, std::move(leaves)));
+  for (size_t block : {kMinSnapshotChunkBytes, size_t{4096}, kDefaultSnapshotChunkBytes}) {
+    auto back = DecodeSnapshotChunks(EncodeSnapshotChunks(built, block));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_TRUE(TreesEqual(back->root(), built.root()));
+    EXPECT_EQ(back->Digest(), built.Digest());
+  }
 }
 
 TEST(TreeBlocks, ManyThreadsReadOneLazyTree) {

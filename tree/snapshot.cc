@@ -5,8 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+// The library's runtime-dispatched XXH3 (AVX2 / AVX-512 where the CPU has
+// them; the same hash values as the portable code).
+#include <xxh_x86dispatch.h>
+#define CANOPY_XXH3_UPDATE XXH3_64bits_update_dispatch
+#else
+#define CANOPY_XXH3_UPDATE XXH3_64bits_update
+#endif
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -30,7 +39,7 @@ struct Xxh3 {
   }
   Xxh3(const Xxh3&) = delete;
   Xxh3& operator=(const Xxh3&) = delete;
-  void Update(const char* p, size_t n) { XXH3_64bits_update(state, p, n); }
+  void Update(const char* p, size_t n) { CANOPY_XXH3_UPDATE(state, p, n); }
   uint64_t Digest() const { return XXH3_64bits_digest(state); }
   XXH3_state_t* state;
 };
@@ -205,7 +214,10 @@ struct StreamChecker {
   bool begun = false;
   bool complete = false;
   Xxh3 hash;
-  std::vector<uint64_t> open;  // logical offsets of subtrees no parent has claimed yet
+  // Logical offsets of subtrees no parent has claimed yet: a stack of
+  // open_depth entries in open (whose size is only its capacity).
+  std::vector<uint64_t> open;
+  size_t open_depth = 0;
   std::vector<NodeImage::Block> blocks;
   uint64_t digest = 0;
 
@@ -241,47 +253,218 @@ struct StreamChecker {
     return false;
   }
 
-  // Checks the records of one NODES payload (at logical offset `logical`):
-  // syntax, key order, and that each child reference names exactly the
-  // subtree that precedes it (post-order).
-  Status CheckRecords(const char* p, const char* end) {
-    const char* const start = p;
-    while (p < end) {
-      const char* rec = p;
+  // The last childless record checked in full, if it is at most 32 bytes:
+  // its length, and its bytes with every value byte masked out. A record
+  // that equals it on every unmasked byte parses to the same counts,
+  // lengths and keys (only value bytes differ), so it is exactly as valid;
+  // such runs (leaves with the same keys and value lengths) are checked by
+  // comparing words, not by parsing.
+  size_t shape_len = 0;
+  uint64_t shape_mask[4] = {0, 0, 0, 0};
+  uint64_t shape_bits[4] = {0, 0, 0, 0};
+
+  // Byte i of the eight is bits 8i..8i+7 (little-endian on every host).
+  static inline uint64_t Load64(const uint8_t* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    if constexpr (std::endian::native == std::endian::big) v = __builtin_bswap64(v);
+    return v;
+  }
+  // The two-byte varint of d (2^7 <= d < 2^14) as a little-endian word.
+  static inline uint64_t TwoByteVarint(uint64_t d) { return (d & 0x7f) | 0x80 | ((d >> 7) << 8); }
+  // The minimal varint encoding of v must be at *p (child deltas: a writer
+  // always writes the minimal form, and the expected value is known, so
+  // nothing read from the record decides where the next field starts).
+  static inline bool ExpectVarint(const uint8_t** p, const uint8_t* end, uint64_t v) {
+    const uint8_t* q = *p;
+    if (v < 0x80) {
+      if (q >= end || *q != v) return false;
+      *p = q + 1;
+      return true;
+    }
+    if (v < 0x4000) {
+      if (end - q < 2 || q[0] != ((v & 0x7f) | 0x80) || q[1] != (v >> 7)) return false;
+      *p = q + 2;
+      return true;
+    }
+    uint8_t want[10];
+    size_t n = 0;
+    while (v >= 0x80) {
+      want[n++] = static_cast<uint8_t>(v | 0x80);
+      v >>= 7;
+    }
+    want[n++] = static_cast<uint8_t>(v);
+    if (static_cast<size_t>(end - q) < n || std::memcmp(q, want, n) != 0) return false;
+    *p = q + n;
+    return true;
+  }
+
+  // Checks the records of one NODES payload [start, end) (at logical offset
+  // `logical`) that begin in [from, limit): syntax, key order, and that each
+  // child reference names exactly the subtree that precedes it (post-order),
+  // as the minimal varint of its delta. A record may run past `limit` (not
+  // past `end`). *resume: where the first record at or after `limit` begins.
+  Status CheckRecords(const char* start_c, const char* from_c, const char* limit_c, const char* end_c,
+                      const char** resume) {
+    const auto* const start = reinterpret_cast<const uint8_t*>(start_c);
+    const auto* const limit = reinterpret_cast<const uint8_t*>(limit_c);
+    const auto* const end = reinterpret_cast<const uint8_t*>(end_c);
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(from_c);
+    const char* why = nullptr;
+    const uint8_t* rec = p;
+    // The stack of unclaimed subtrees, as a raw array.
+    size_t depth = open_depth;
+    if (open.size() < 1024) open.resize(1024);
+    uint64_t* stack = open.data();
+    size_t capacity = open.size();
+    uint64_t count = 0;
+    const uint64_t base_logical = logical;  // a local: the stack's stores cannot alias it
+    auto push = [&](uint64_t at) {
+      if (depth == capacity) [[unlikely]] {
+        open.resize(capacity * 2);
+        stack = open.data();
+        capacity = open.size();
+      }
+      stack[depth++] = at;
+      ++count;
+    };
+    while (p < limit) {
+      if (shape_len != 0) {
+        const uint64_t m0 = shape_mask[0], m1 = shape_mask[1], m2 = shape_mask[2], m3 = shape_mask[3];
+        const uint64_t b0 = shape_bits[0], b1 = shape_bits[1], b2 = shape_bits[2], b3 = shape_bits[3];
+        const size_t step = shape_len;
+        const size_t span = step <= 16 ? 16 : 32;  // bytes compared per record
+        // Batches of records that all start before `limit`, have `span`
+        // bytes to read and fit on the stack: a counted loop with no other
+        // test than the comparison.
+        while (p < limit && static_cast<size_t>(end - p) >= span) {
+          size_t n = std::min(static_cast<size_t>(limit - p + step - 1) / step,
+                              (static_cast<size_t>(end - p) - span) / step + 1);
+          if (depth == capacity) {
+            open.resize(capacity * 2);
+            stack = open.data();
+            capacity = open.size();
+          }
+          n = std::min(n, capacity - depth);
+          const uint64_t at = base_logical + static_cast<uint64_t>(p - start);
+          uint64_t* const top = stack + depth;
+          size_t i = 0;
+          if (span == 16) {
+            for (const uint8_t* r = p; i < n; ++i, r += step) {
+              if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1)) != 0) break;
+              top[i] = at + i * step;
+            }
+          } else {
+            for (const uint8_t* r = p; i < n; ++i, r += step) {
+              if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1) | ((Load64(r + 16) & m2) ^ b2) |
+                   ((Load64(r + 24) & m3) ^ b3)) != 0) {
+                break;
+              }
+              top[i] = at + i * step;
+            }
+          }
+          depth += i;
+          count += i;
+          p += i * step;
+          if (i < n) break;  // a record of another shape
+        }
+        if (p >= limit) break;
+      }
+      // One record in full.
+      rec = p;
+      const char* q = reinterpret_cast<const char*>(p);
+      const char* const cend = end_c;
+      uint8_t keep[32];  // 0xff: a byte the record's validity depends on; 0: a value byte
+      std::memset(keep, 0xff, sizeof keep);
+      bool maskable = true;
       uint64_t attr_count, len, child_count;
-      if (!Varint(&p, end, &attr_count)) return BadAt(rec, start, "record cut short");
+      if (!Varint(&q, cend, &attr_count)) {
+        why = "record cut short";
+        break;
+      }
       const char* prev_key = nullptr;
       uint64_t prev_len = 0;
-      for (uint64_t i = 0; i < attr_count; ++i) {
-        if (!Varint(&p, end, &len) || len > static_cast<uint64_t>(end - p)) return BadAt(rec, start, "record cut short");
-        const char* key = p;
-        p += len;
-        if (prev_key != nullptr &&
-            !(std::string_view(prev_key, prev_len) < std::string_view(key, len))) {
-          return BadAt(rec, start, "attribute keys not strictly increasing");
+      for (uint64_t i = 0; i < attr_count && why == nullptr; ++i) {
+        if (!Varint(&q, cend, &len) || len > static_cast<uint64_t>(cend - q)) {
+          why = "record cut short";
+          break;
+        }
+        const char* key = q;
+        q += len;
+        if (prev_key != nullptr && !(std::string_view(prev_key, prev_len) < std::string_view(key, len))) {
+          why = "attribute keys not strictly increasing";
+          break;
         }
         prev_key = key;
         prev_len = len;
-        if (!Varint(&p, end, &len) || len > static_cast<uint64_t>(end - p)) return BadAt(rec, start, "record cut short");
-        p += len;
-      }
-      if (!Varint(&p, end, &child_count)) return BadAt(rec, start, "record cut short");
-      uint64_t at = logical + static_cast<uint64_t>(rec - start);
-      if (child_count > 0) {
-        if (child_count > open.size()) return BadAt(rec, start, "claims more children than precede it");
-        size_t base = open.size() - static_cast<size_t>(child_count);
-        for (size_t j = base; j < open.size(); ++j) {
-          uint64_t delta;
-          if (!Varint(&p, end, &delta)) return BadAt(rec, start, "record cut short");
-          if (at - delta != open[j] || delta == 0 || delta > at) {
-            return BadAt(rec, start, "a child reference does not name the subtree before it");
-          }
+        if (!Varint(&q, cend, &len) || len > static_cast<uint64_t>(cend - q)) {
+          why = "record cut short";
+          break;
         }
-        open.resize(base);
+        size_t value_at = static_cast<size_t>(reinterpret_cast<const uint8_t*>(q) - rec);
+        if (value_at + len > sizeof keep) {
+          maskable = false;
+        } else if (len > 0) {
+          std::memset(keep + value_at, 0, len);
+        }
+        q += len;
       }
-      open.push_back(at);
-      ++nodes;
+      if (why != nullptr) break;
+      if (!Varint(&q, cend, &child_count)) {
+        why = "record cut short";
+        break;
+      }
+      const uint64_t at = base_logical + static_cast<uint64_t>(rec - start);
+      auto* r = reinterpret_cast<const uint8_t*>(q);
+      if (child_count > 0) {
+        if (child_count > depth) {
+          why = "claims more children than precede it";
+          break;
+        }
+        const size_t base = depth - static_cast<size_t>(child_count);
+        for (size_t j = base; j < depth;) {
+          // The stack's offsets increase, so the expected deltas decrease:
+          // four in a row are all two-byte varints when the first is below
+          // 2^14 and the fourth at least 2^7; they are compared as one word.
+          if (depth - j >= 4 && end - r >= 8 && at - stack[j] < 0x4000 && at - stack[j + 3] >= 0x80) {
+            const uint64_t want = TwoByteVarint(at - stack[j]) | (TwoByteVarint(at - stack[j + 1]) << 16) |
+                                  (TwoByteVarint(at - stack[j + 2]) << 32) |
+                                  (TwoByteVarint(at - stack[j + 3]) << 48);
+            if (Load64(r) != want) {
+              why = "a child reference does not name the subtree before it";
+              break;
+            }
+            r += 8;
+            j += 4;
+            continue;
+          }
+          if (!ExpectVarint(&r, end, at - stack[j])) {
+            why = "a child reference does not name the subtree before it";
+            break;
+          }
+          ++j;
+        }
+        if (why != nullptr) break;
+        depth = base;
+      }
+      push(at);
+      const size_t rec_len = static_cast<size_t>(r - rec);
+      if (child_count == 0 && maskable && rec_len <= sizeof keep) {
+        std::memset(keep + rec_len, 0, sizeof keep - rec_len);
+        uint8_t bytes[32] = {};
+        std::memcpy(bytes, rec, rec_len);
+        for (int w = 0; w < 4; ++w) {
+          shape_mask[w] = Load64(keep + 8 * w);
+          shape_bits[w] = Load64(bytes + 8 * w) & shape_mask[w];
+        }
+        shape_len = rec_len;
+      }
+      p = r;
     }
+    open_depth = depth;
+    nodes += count;
+    *resume = reinterpret_cast<const char*>(p);
+    if (why != nullptr) return BadAt(reinterpret_cast<const char*>(rec), start_c, why);
     return Status::Ok();
   }
   Status BadAt(const char* rec, const char* start, const char* why) const {
@@ -295,6 +478,7 @@ struct StreamChecker {
       return Status::Corruption("snapshot block: length field says " + std::to_string(len) + " bytes, have " +
                                 std::to_string(block.size()));
     }
+    if (static_cast<uint8_t>(block[8]) == kBlockNodes) return AddNodesBlock(block);
     if (DecodeFixed32(block.data() + len - 4) != crc32c::Value(block.data(), len - 4)) {
       return Status::Corruption("snapshot block " + std::to_string(next_sequence) + ": CRC32C mismatch");
     }
@@ -318,22 +502,15 @@ struct StreamChecker {
         begun = true;
         break;
       }
-      case kBlockNodes: {
-        if (!begun) return Bad("NODES before HEAD");
-        if (payload.empty()) return Bad("empty NODES block");
-        CANOPY_RETURN_IF_ERROR(CheckRecords(payload.data(), payload.data() + payload.size()));
-        hash.Update(payload.data(), payload.size());
-        blocks.push_back({logical, physical + kChunkHeaderBytes, payload.size()});
-        logical += payload.size();
-        break;
-      }
       case kBlockTail: {
         if (!begun) return Bad("TAIL before HEAD");
         CANOPY_ASSIGN_OR_RETURN(uint64_t want_nodes, r.ReadFixed64());
         CANOPY_ASSIGN_OR_RETURN(uint64_t want_bytes, r.ReadFixed64());
         CANOPY_ASSIGN_OR_RETURN(uint64_t want_digest, r.ReadFixed64());
         if (!r.empty()) return Bad("trailing bytes in TAIL");
-        if (open.size() != 1) return Bad("TAIL before the tree is complete (" + std::to_string(open.size()) + " subtrees without a parent)");
+        if (open_depth != 1) {
+          return Bad("TAIL before the tree is complete (" + std::to_string(open_depth) + " subtrees without a parent)");
+        }
         if (want_nodes != nodes || want_bytes != logical) {
           return Bad("TAIL says " + std::to_string(want_nodes) + " nodes / " + std::to_string(want_bytes) +
                      " bytes, stream had " + std::to_string(nodes) + " / " + std::to_string(logical));
@@ -351,6 +528,49 @@ struct StreamChecker {
     return Status::Ok();
   }
 
+  // A NODES block of the right length. The CRC, the digest and the record
+  // check go through the payload together, a cache-sized piece at a time,
+  // so the bytes come from memory once. The verdicts keep their order: a
+  // CRC mismatch is reported before anything found in the records (which
+  // are parsed with bounds checks, so unverified bytes are safe to read).
+  Status AddNodesBlock(std::string_view block) {
+    const char* const data = block.data();
+    const char* const payload = data + kChunkHeaderBytes;
+    const char* const payload_end = data + block.size() - 4;
+    uint32_t crc = crc32c::Value(data, kChunkHeaderBytes);
+    const bool check = begun && !complete && payload < payload_end;
+    Status records;
+    const char* next = payload;
+    constexpr size_t kPiece = 16 << 10;
+    for (const char* piece = payload; piece < payload_end;) {
+      const char* piece_end = piece + std::min<size_t>(kPiece, static_cast<size_t>(payload_end - piece));
+      crc = crc32c::Extend(crc, piece, static_cast<size_t>(piece_end - piece));
+      if (check && records.ok()) {
+        hash.Update(piece, static_cast<size_t>(piece_end - piece));
+        records = CheckRecords(payload, next, piece_end, payload_end, &next);
+      }
+      piece = piece_end;
+    }
+    if (DecodeFixed32(payload_end) != crc) {
+      return Status::Corruption("snapshot block " + std::to_string(next_sequence) + ": CRC32C mismatch");
+    }
+    uint64_t seq = DecodeFixed64(data + 9);
+    if (seq != next_sequence) {
+      return Status::Corruption("snapshot block: sequence " + std::to_string(seq) + ", expected " +
+                                std::to_string(next_sequence));
+    }
+    if (complete) return Bad("block after TAIL");
+    if (!begun) return Bad("NODES before HEAD");
+    if (payload == payload_end) return Bad("empty NODES block");
+    CANOPY_RETURN_IF_ERROR(records);
+    const uint64_t bytes = static_cast<uint64_t>(payload_end - payload);
+    blocks.push_back({logical, physical + kChunkHeaderBytes, bytes});
+    logical += bytes;
+    ++next_sequence;
+    physical += block.size();
+    return Status::Ok();
+  }
+
   NodeImage::Summary Summary() const {
     NodeImage::Summary s;
     s.tree = tree;
@@ -358,7 +578,7 @@ struct StreamChecker {
     s.nodes = nodes;
     s.body_bytes = logical;
     s.digest = digest;
-    s.root = open.empty() ? 0 : open.back();
+    s.root = open_depth == 0 ? 0 : open[open_depth - 1];
     return s;
   }
 };

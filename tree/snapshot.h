@@ -16,7 +16,8 @@
 // before their parent, the root last), one per node:
 //   varint attr_count, (varint klen, key, varint vlen, value)* (keys strictly
 //   increasing), varint child_count, varint delta* (one per child, in order:
-//   the record's logical offset minus the child's)
+//   the record's logical offset minus the child's; each delta in its minimal
+//   encoding, as every writer writes it: a padded delta is refused)
 // The body, and so its xxh3-64 (the tree's digest, Version::Digest), depends
 // only on the tree: not on block size, history or where blocks were cut.
 // A subtree's records are one contiguous, position-independent run of the
