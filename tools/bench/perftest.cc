@@ -24,9 +24,9 @@
 #include "base/coding.h"
 #include "base/logging.h"
 #include "base/metrics.h"
-#include "base/thread_set.h"
 #include "fmt/format.h"
 #include "transport/auth.h"
+#include "transport/connection_server.h"
 #include "transport/registry.h"
 
 namespace canopy::bench {
@@ -714,24 +714,21 @@ class BenchServer::Impl {
   explicit Impl(const BenchServerOptions& options) : options_(options) {}
 
   Status Init() {
-    CANOPY_ASSIGN_OR_RETURN(listener_, transport::ListenOn(options_.listen_uri, options_.transport));
-    endpoint_ = listener_->local_endpoint();
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    CANOPY_ASSIGN_OR_RETURN(auto listener, transport::ListenOn(options_.listen_uri, options_.transport));
+    transport::ConnectionServer::Options server_options;
+    server_options.name = "bench server";
+    server_options.max_serving = options_.max_connections;
+    server_options.max_refusing = kMaxRejecting;
+    server_ = std::make_unique<transport::ConnectionServer>(
+        std::move(listener), server_options, [this](Connection& conn, bool busy) { Handle(conn, busy); });
     return Status::Ok();
   }
 
-  transport::Endpoint endpoint() const { return endpoint_; }
+  transport::Endpoint endpoint() const { return server_->local_endpoint(); }
 
   void Stop() {
-    std::call_once(stop_once_, [&] {
-      stopping_.store(true);
-      if (listener_) listener_->Close();
-      if (accept_thread_.joinable()) accept_thread_.join();
-      std::unique_lock<std::mutex> lock(mu_);
-      for (auto& [id, conn] : live_) conn->Close();
-      lock.unlock();
-      handlers_.JoinAll();
-    });
+    stopping_.store(true);
+    if (server_) server_->Stop();
   }
 
  private:
@@ -739,66 +736,34 @@ class BenchServer::Impl {
   // at once are closed without a word.
   static constexpr size_t kMaxRejecting = 16;
 
-  void AcceptLoop() {
-    while (!stopping_.load()) {
-      auto accepted = listener_->Accept(Deadline::After(std::chrono::milliseconds(500)));
-      if (!accepted.ok()) {
-        if (accepted.status().IsTimeout()) continue;
-        if (stopping_.load() || accepted.status().code() == StatusCode::kAborted) break;
-        CANOPY_LOG(kWarn, "bench server: accept failed: {}", accepted.status().ToString());
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        continue;
-      }
-      std::unique_ptr<Connection> conn = std::move(accepted).value();
-      const Clock::time_point accepted_at = Clock::now();
-      std::unique_lock<std::mutex> lock(mu_);
-      const bool busy = serving_ >= options_.max_connections;
-      if (busy && active_ - serving_ >= kMaxRejecting) {
-        lock.unlock();
-        conn->Close();
-        continue;
-      }
-      uint64_t id = next_id_++;
-      ++active_;
-      if (!busy) ++serving_;
-      live_[id] = conn.get();
-      lock.unlock();
-      handlers_.Spawn([this, id, busy, accepted_at, c = std::move(conn)]() mutable {
-        // Totals for `bench --server --metrics` (base/metrics.h); bytes and
-        // connections are the transport's canopy_transport_* counters.
-        static prometheus::Gauge& serving_now =
-            metrics::GetGauge("canopy_bench_clients_active", "Clients this bench server is serving now.");
-        auto count = [](const char* outcome) {
-          metrics::GetCounter("canopy_bench_clients_total", "Clients this bench server served, by outcome.",
-                              {{"outcome", outcome}})
-              .Increment();
-        };
-        if (busy) {
-          RejectAndDrain(*c, fmt::format("server busy: {} clients are being served, the most this server takes "
-                                         "at once; try again later",
-                                         options_.max_connections));
-          count("busy");
-        } else {
-          serving_now.Increment();
-          Status s = Serve(*c, accepted_at);
-          serving_now.Decrement();
-          if (!s.ok() && !s.IsClosed() && s.code() != StatusCode::kAborted) {
-            CANOPY_LOG(kWarn, "bench server: {}: {}", c->peer_uri(), s.ToString());
-            RejectAndDrain(*c, s.ToString());
-            count("failed");
-          } else {
-            count("served");
-          }
-        }
-        {
-          std::lock_guard<std::mutex> guard(mu_);
-          live_.erase(id);
-        }
-        c.reset();
-        std::lock_guard<std::mutex> guard(mu_);
-        if (!busy) --serving_;
-        --active_;
-      });
+  // One connection, on its own thread (transport/connection_server.h).
+  void Handle(Connection& c, bool busy) {
+    const Clock::time_point accepted_at = Clock::now();
+    // Totals for `bench --server --metrics` (base/metrics.h); bytes and
+    // connections are the transport's canopy_transport_* counters.
+    static prometheus::Gauge& serving_now =
+        metrics::GetGauge("canopy_bench_clients_active", "Clients this bench server is serving now.");
+    auto count = [](const char* outcome) {
+      metrics::GetCounter("canopy_bench_clients_total", "Clients this bench server served, by outcome.",
+                          {{"outcome", outcome}})
+          .Increment();
+    };
+    if (busy) {
+      RejectAndDrain(c, fmt::format("server busy: {} clients are being served, the most this server takes "
+                                    "at once; try again later",
+                                    options_.max_connections));
+      count("busy");
+      return;
+    }
+    serving_now.Increment();
+    Status s = Serve(c, accepted_at);
+    serving_now.Decrement();
+    if (!s.ok() && !s.IsClosed() && s.code() != StatusCode::kAborted) {
+      CANOPY_LOG(kWarn, "bench server: {}: {}", c.peer_uri(), s.ToString());
+      RejectAndDrain(c, s.ToString());
+      count("failed");
+    } else {
+      count("served");
     }
   }
 
@@ -950,17 +915,8 @@ class BenchServer::Impl {
   }
 
   const BenchServerOptions options_;
-  std::unique_ptr<transport::Listener> listener_;
-  transport::Endpoint endpoint_;
-  std::thread accept_thread_;
-  std::atomic<bool> stopping_{false};
-  std::once_flag stop_once_;
-  std::mutex mu_;
-  std::map<uint64_t, Connection*> live_;
-  size_t active_ = 0;   // connection threads
-  size_t serving_ = 0;  // ... of which serve a client (not busy rejections)
-  uint64_t next_id_ = 1;
-  ThreadSet handlers_;  // one thread per connection; Stop() joins them all
+  std::atomic<bool> stopping_{false};  // ends a drain early
+  std::unique_ptr<transport::ConnectionServer> server_;
 };
 
 BenchServer::BenchServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -18,12 +18,12 @@
 #include "base/coding.h"
 #include "base/file.h"
 #include "base/logging.h"
-#include "base/thread_set.h"
 #include "fmt/format.h"
 #include "tools/rcopy/auth.h"
 #include "tools/rcopy/checksum.h"
 #include "tools/rcopy/protocol.h"
 #include "tools/rcopy/safe_path.h"
+#include "transport/connection_server.h"
 #include "transport/registry.h"
 
 namespace canopy::rcopy {
@@ -492,34 +492,34 @@ class Server::Impl {
     int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (null_fd < 0) return ErrnoStatus(errno, "open /dev/null");
     devnull_.Reset(null_fd);
-    CANOPY_ASSIGN_OR_RETURN(listener_, transport::ListenOn(options_.listen_uri, options_.transport));
-    endpoint_ = listener_->local_endpoint();
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    CANOPY_ASSIGN_OR_RETURN(auto listener, transport::ListenOn(options_.listen_uri, options_.transport));
+    transport::ConnectionServer::Options server_options;
+    server_options.name = "rcopy server";
+    server_options.max_serving = options_.max_connections;
+    server_ = std::make_unique<transport::ConnectionServer>(
+        std::move(listener), server_options, [this](Connection& conn, bool busy) {
+          if (busy) {
+            Refuse(conn);
+          } else {
+            Serve(conn);
+          }
+        });
     return Status::Ok();
   }
 
-  transport::Endpoint endpoint() const { return endpoint_; }
+  transport::Endpoint endpoint() const { return server_->local_endpoint(); }
 
   void Stop() {
-    std::call_once(stop_once_, [&] {
-      stopping_.store(true);
-      if (listener_) listener_->Close();
-      if (accept_thread_.joinable()) accept_thread_.join();
-      std::unique_lock<std::mutex> lock(mu_);
-      for (auto& [id, conn] : live_) conn->Close();
-      lock.unlock();
-      connection_threads_.JoinAll();
-    });
+    stopping_.store(true);  // ends digests and base copies early
+    if (server_) server_->Stop();
   }
 
   ServerStats stats() {
     ServerStats s;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      s.active_connections = active_;
-      s.peak_active_connections = peak_active_;
-    }
-    s.connections = connections_.load();
+    const transport::ConnectionServer::Counts counts = server_->counts();
+    s.active_connections = counts.serving;
+    s.peak_active_connections = counts.peak_serving;
+    s.connections = counts.accepted;
     s.files_published = published_.load();
     s.transfers_failed = failed_.load();
     s.auth_failures = auth_failures_.load();
@@ -528,48 +528,15 @@ class Server::Impl {
   }
 
  private:
-  void AcceptLoop() {
-    while (!stopping_.load()) {
-      auto accepted = listener_->Accept(Deadline::After(std::chrono::milliseconds(500)));
-      if (!accepted.ok()) {
-        if (accepted.status().IsTimeout()) continue;
-        if (stopping_.load() || accepted.status().code() == StatusCode::kAborted) break;
-        CANOPY_LOG(kWarn, "rcopy server: accept failed: {}", accepted.status().ToString());
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        continue;
-      }
-      std::unique_ptr<Connection> conn = std::move(accepted).value();
-      connections_.fetch_add(1);
-      std::unique_lock<std::mutex> lock(mu_);
-      if (active_ >= options_.max_connections) {
-        lock.unlock();
-        CANOPY_LOG(kWarn, "rcopy server: refusing {}: {} connections open", conn->peer_uri(), active_);
-        (void)conn->Send(kMsgResult,
-                         EncodeResult(ResultMessage::FromStatus(Status::ResourceExhausted(fmt::format(
-                             "server busy: it already serves its maximum of {} connections (--max-connections); "
-                             "try again later",
-                             options_.max_connections)))));
-        (void)conn->Shutdown();
-        continue;
-      }
-      uint64_t id = next_id_++;
-      ++active_;
-      peak_active_ = std::max(peak_active_, active_);
-      live_[id] = conn.get();
-      lock.unlock();
-      connection_threads_.Spawn([this, id, c = std::move(conn)]() mutable { RunConnection(id, std::move(c)); });
-    }
-  }
-
-  void RunConnection(uint64_t id, std::unique_ptr<Connection> conn) {
-    Serve(*conn);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      live_.erase(id);
-    }
-    conn.reset();
-    std::lock_guard<std::mutex> lock(mu_);
-    --active_;
+  // A connection beyond --max-connections: told so, on its own thread.
+  void Refuse(Connection& conn) {
+    CANOPY_LOG(kWarn, "rcopy server: refusing {}: {} connections open", conn.peer_uri(), options_.max_connections);
+    (void)conn.Send(kMsgResult,
+                    EncodeResult(ResultMessage::FromStatus(Status::ResourceExhausted(fmt::format(
+                        "server busy: it already serves its maximum of {} connections (--max-connections); "
+                        "try again later",
+                        options_.max_connections)))));
+    (void)conn.Shutdown();
   }
 
   Status SendResult(Connection& conn, const ResultMessage& result) {
@@ -959,29 +926,20 @@ class Server::Impl {
   const ServerOptions options_;
   UniqueFd root_fd_;
   UniqueFd devnull_;
-  std::unique_ptr<transport::Listener> listener_;
-  transport::Endpoint endpoint_;
-  std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
-
-  std::mutex mu_;
-  std::map<uint64_t, Connection*> live_;
-  size_t active_ = 0;
-  size_t peak_active_ = 0;
-  uint64_t next_id_ = 1;
-  std::once_flag stop_once_;
-  ThreadSet connection_threads_;  // one per connection; Stop() joins them all
 
   std::mutex transfers_mu_;
   std::map<uint64_t, std::shared_ptr<Transfer>> transfers_;
   std::map<uint64_t, Status> tombstones_;  // failed transfers: their first failure
   std::deque<uint64_t> tombstone_order_;
 
-  std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> published_{0};
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> auth_failures_{0};
   std::atomic<uint64_t> bytes_{0};
+  // Last: its connection threads use everything above, and it joins them
+  // before anything above is destroyed.
+  std::unique_ptr<transport::ConnectionServer> server_;
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
