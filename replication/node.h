@@ -100,6 +100,12 @@ struct NodeOptions {
   // (at most once per this interval; zero: never). A node that leads both a
   // tree and the raft costs a failover a raft election too when it dies.
   std::chrono::milliseconds raft_leader_rebalance_interval{1000};
+  // Replication streams over one-sided RDMA (replication/one_sided.h): as a
+  // replica on an rdma:// connection, ask the leader for a log ring of
+  // one_sided_ring_bytes; as a leader, accept such requests. Off: neither
+  // (a request is declined, the stream stays messages).
+  bool one_sided_replication = false;
+  uint64_t one_sided_ring_bytes = 1u << 20;
 };
 
 class Node {

@@ -214,6 +214,9 @@ int RunNode(int argc, char** argv) {
        "refused connection is evidence at once)")
       ("raft-election-ms", po::value(&raft_election_ms)->default_value(150),
        "metadata raft election timeout (randomized in [t, 2t); its heartbeat is t/5)")
+      ("one-sided-replication", po::bool_switch(&o.one_sided_replication),
+       "carry replication streams over one-sided RDMA log rings where the connection is rdma:// (deltas and "
+       "ACKs as RDMA WRITEs, no SEND on the path); every node of the cluster needs a canopy that knows it")
       ("handshake-ms", po::value(&handshake_ms)->default_value(5000),
        "bound on a peer's or client's HELLO/authentication exchange with this node (its own dials use 3/5 of "
        "it); raise it on slow or emulated machines")
