@@ -105,7 +105,12 @@ struct NodeOptions {
   // one_sided_ring_bytes; as a leader, accept such requests. Off: neither
   // (a request is declined, the stream stays messages).
   bool one_sided_replication = false;
-  uint64_t one_sided_ring_bytes = 1u << 20;
+  uint64_t one_sided_ring_bytes = 256u << 10;
+  // A one-sided stream's receiver spins briefly, then sleeps in steps that
+  // double up to this while its ring stays empty (the latency an idle
+  // stream's next message may pay; raise it on emulated machines, where
+  // every wake-up is costly).
+  std::chrono::microseconds one_sided_poll_max{1000};
 };
 
 class Node {

@@ -53,6 +53,7 @@ Status Node::Impl::LeadStream(transport::Connection& stream, const PeerIdentity&
              trusted ? "" : ", history not ours: resync by snapshot");
   // Asked for one-sided replication: answer, and stream over the ring when accepted.
   CANOPY_ASSIGN_OR_RETURN(auto one_sided, LeadOneSided(stream, sub, options.one_sided_replication, epoch,
+                                                       options.one_sided_poll_max,
                                                        Deadline::After(options.handshake_timeout)));
   transport::Connection& conn = one_sided ? *one_sided : stream;
   std::atomic<bool> done{false};

@@ -106,7 +106,8 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   sub.one_sided_ring_bytes = OneSidedRingToAsk(stream, options.one_sided_replication, options.one_sided_ring_bytes);
   CANOPY_RETURN_IF_ERROR(SendMessage(stream, sub));
   // Over the one-sided ring when we asked and the leader accepted (one_sided.h).
-  CANOPY_ASSIGN_OR_RETURN(auto one_sided, FollowOneSided(stream, sub, Deadline::After(options.handshake_timeout)));
+  CANOPY_ASSIGN_OR_RETURN(auto one_sided, FollowOneSided(stream, sub, options.one_sided_poll_max,
+                                                         Deadline::After(options.handshake_timeout)));
   transport::Connection& conn = one_sided ? *one_sided : stream;
   uint64_t last_acked = 0;
   uint64_t snapshots_installed = 0;  // on this stream

@@ -25,15 +25,18 @@ std::string OneSidedUnsupportedReason(const transport::Connection& stream) {
 }
 
 Result<std::unique_ptr<transport::Connection>> Upgrade(transport::Connection& stream, uint64_t ring_bytes,
-                                                       uint64_t epoch, Deadline deadline) {
+                                                       uint64_t epoch, std::chrono::microseconds poll_max,
+                                                       Deadline deadline) {
 #if CANOPY_HAVE_RDMA
   transport::rdma::OneSidedOptions o;
   o.ring_bytes = ring_bytes;
   o.epoch = epoch;
+  o.max_poll_sleep = poll_max;
   return transport::rdma::UpgradeToOneSided(stream, o, deadline);
 #else
   (void)ring_bytes;
   (void)epoch;
+  (void)poll_max;
   (void)deadline;
   return Status::NotSupported(OneSidedUnsupportedReason(stream));
 #endif
@@ -46,7 +49,7 @@ uint64_t OneSidedRingToAsk(const transport::Connection& stream, bool enabled, ui
 }
 
 Result<std::unique_ptr<transport::Connection>> FollowOneSided(transport::Connection& stream, const Subscribe& sub,
-                                                              Deadline deadline) {
+                                                              std::chrono::microseconds poll_max, Deadline deadline) {
   if (sub.one_sided_ring_bytes == 0) return std::unique_ptr<transport::Connection>();
   CANOPY_ASSIGN_OR_RETURN(transport::Message m, stream.Receive(deadline));
   if (m.type != static_cast<uint16_t>(MessageType::kOneSidedAnswer) || m.bulk_bytes != 0) {
@@ -58,7 +61,7 @@ Result<std::unique_ptr<transport::Connection>> FollowOneSided(transport::Connect
                sub.tree, stream.peer_uri(), answer.reason);
     return std::unique_ptr<transport::Connection>();
   }
-  auto upgraded = Upgrade(stream, sub.one_sided_ring_bytes, sub.epoch, deadline);
+  auto upgraded = Upgrade(stream, sub.one_sided_ring_bytes, sub.epoch, poll_max, deadline);
   if (!upgraded.ok()) return upgraded.status().WithContext("one-sided replication of " + sub.tree);
   CANOPY_LOG(kInfo, "replica of {}: following {} over the one-sided ring ({} bytes, epoch {})", sub.tree,
              stream.peer_uri(), sub.one_sided_ring_bytes, sub.epoch);
@@ -66,7 +69,8 @@ Result<std::unique_ptr<transport::Connection>> FollowOneSided(transport::Connect
 }
 
 Result<std::unique_ptr<transport::Connection>> LeadOneSided(transport::Connection& stream, const Subscribe& sub,
-                                                            bool enabled, uint64_t epoch, Deadline deadline) {
+                                                            bool enabled, uint64_t epoch,
+                                                            std::chrono::microseconds poll_max, Deadline deadline) {
   if (sub.one_sided_ring_bytes == 0) return std::unique_ptr<transport::Connection>();
   std::string reason = enabled ? OneSidedUnsupportedReason(stream) : "the leader runs without --one-sided-replication";
   if (reason.empty() && sub.epoch != epoch) {
@@ -78,7 +82,7 @@ Result<std::unique_ptr<transport::Connection>> LeadOneSided(transport::Connectio
     return std::unique_ptr<transport::Connection>();
   }
   CANOPY_RETURN_IF_ERROR(SendMessage(stream, OneSidedAnswer{true, ""}));
-  auto upgraded = Upgrade(stream, kOneSidedAckRingBytes, epoch, deadline);
+  auto upgraded = Upgrade(stream, kOneSidedAckRingBytes, epoch, poll_max, deadline);
   if (!upgraded.ok()) return upgraded.status().WithContext("one-sided replication of " + sub.tree);
   CANOPY_LOG(kInfo, "leader of {}: streaming to replica {} over the one-sided ring (epoch {})", sub.tree, sub.node_id,
              epoch);

@@ -32,6 +32,7 @@
 // must outlive it. Thread safety: one stream, one thread during set-up.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -51,13 +52,15 @@ uint64_t OneSidedRingToAsk(const transport::Connection& stream, bool enabled, ui
 
 // Replica side, right after it sent `sub`. nullptr when `sub` did not ask or
 // the leader declined: use `stream` as before.
+// `poll_max`: see NodeOptions::one_sided_poll_max.
 Result<std::unique_ptr<transport::Connection>> FollowOneSided(transport::Connection& stream, const Subscribe& sub,
-                                                              Deadline deadline);
+                                                              std::chrono::microseconds poll_max, Deadline deadline);
 
 // Leader side, after it accepted `sub` and before it streams anything.
 // `enabled`: this node's option. nullptr when `sub` did not ask or this
 // leader declined (it told the replica why).
 Result<std::unique_ptr<transport::Connection>> LeadOneSided(transport::Connection& stream, const Subscribe& sub,
-                                                            bool enabled, uint64_t epoch, Deadline deadline);
+                                                            bool enabled, uint64_t epoch,
+                                                            std::chrono::microseconds poll_max, Deadline deadline);
 
 }  // namespace canopy::replication

@@ -73,6 +73,12 @@ std::set<std::string> Digests(TestCluster& c, const std::string& tree) {
   return d;
 }
 
+std::string AllLogs(TestCluster& c) {
+  std::string out;
+  for (size_t i = 0; i < c.size(); ++i) out += "--- node " + std::to_string(i + 1) + ":\n" + c.Log(i);
+  return out;
+}
+
 // 3 nodes with `node_args`: ALL, a replica killed, 30 QUORUM commits, its
 // restart and catch-up by delta, equal digests. *leader_out: the leader's index.
 void QuorumWritesSurviveKilledReplica(TestCluster& c, const std::vector<std::string>& node_args,
@@ -87,7 +93,7 @@ void QuorumWritesSurviveKilledReplica(TestCluster& c, const std::vector<std::str
   // ALL: every replica has subscribed and holds version 1.
   auto first = client->Commit(PutRoot("docs", "k0", "v0", ConsistencyLevel::kAll));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  ASSERT_EQ(first->status.code, StatusCode::kOk) << first->status.message;
+  ASSERT_EQ(first->status.code, StatusCode::kOk) << first->status.message << "\n" << AllLogs(c);
   EXPECT_EQ(first->acks, 3u);
 
   c.Kill(victim);
@@ -143,7 +149,10 @@ TEST(ClusterReplicationTest, QuorumWritesSurviveKilledReplicaWhichCatchesUp) {
 TEST(ClusterReplicationTest, OneSidedReplicationOptionReplicatesAndCatchesUp) {
   TestCluster c;
   size_t leader = 0;
-  QuorumWritesSurviveKilledReplica(c, {"--one-sided-replication"}, &leader);
+  // An idle ring is polled at least every ms (every 10 ms in emulated guests, where each
+  // wake-up is costly).
+  const auto poll_us = std::to_string(ScaledBound(std::chrono::milliseconds(1)).count() * 1000);
+  QuorumWritesSurviveKilledReplica(c, {"--one-sided-replication", "--one-sided-poll-us", poll_us}, &leader);
   if (HasFatalFailure()) return;
   const bool rdma = TestCluster::FirstListenUri().rfind("rdma://", 0) == 0;
   for (size_t i = 0; i < c.size(); ++i) {

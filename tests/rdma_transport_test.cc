@@ -555,12 +555,12 @@ TEST(RdmaOneSidedStream, PeerThatGoesAwayIsUnavailable) {
   auto both = UpgradeBoth(std::move(*connected), 4096, 4096);
   ASSERT_TRUE(both.ok()) << both.status().ToString();
   ASSERT_TRUE(both->client->Send(0x7e01, "last words").ok());
-  // The client goes away abruptly: its rings and its connection.
-  both->client.reset();
-  both->pair.client.reset();
   auto first = both->server->Receive(RingDeadline());
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->payload, "last words");
+  // The client goes away abruptly: its rings and its connection.
+  both->client.reset();
+  both->pair.client.reset();
   const auto start = std::chrono::steady_clock::now();
   auto gone = both->server->Receive(RingDeadline());
   EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable) << gone.status().ToString();

@@ -55,7 +55,7 @@ Subscribe Asking(uint64_t ring_bytes) {
 
 // The replica side of the exchange in a thread, as FollowOn does it.
 Result<std::unique_ptr<transport::Connection>> Follow(TcpPair& p, const Subscribe& sub) {
-  return FollowOneSided(*p.replica, sub, Deadline::After(5s));
+  return FollowOneSided(*p.replica, sub, 1ms, Deadline::After(5s));
 }
 
 TEST(OneSidedNegotiation, ReplicaAsksOnlyOverRdma) {
@@ -71,7 +71,7 @@ TEST(OneSidedNegotiation, LeaderDeclinesOverTcpAndTheStreamGoesOn) {
   const Subscribe sub = Asking(1 << 20);
   std::optional<Result<std::unique_ptr<transport::Connection>>> followed;
   std::thread replica([&] { followed.emplace(Follow(p, sub)); });
-  auto led = LeadOneSided(*p.leader, sub, /*enabled=*/true, 3, Deadline::After(5s));
+  auto led = LeadOneSided(*p.leader, sub, /*enabled=*/true, 3, 1ms, Deadline::After(5s));
   replica.join();
   ASSERT_TRUE(led.ok()) << led.status().ToString();
   EXPECT_EQ(*led, nullptr);
@@ -92,7 +92,7 @@ TEST(OneSidedNegotiation, DeclineSaysWhy) {
   for (bool enabled : {true, false}) {
     TcpPair p = Connect();
     ASSERT_TRUE(p.replica && p.leader);
-    auto led = LeadOneSided(*p.leader, Asking(4096), enabled, 3, Deadline::After(5s));
+    auto led = LeadOneSided(*p.leader, Asking(4096), enabled, 3, 1ms, Deadline::After(5s));
     ASSERT_TRUE(led.ok()) << led.status().ToString();
     auto m = p.replica->Receive(Deadline::After(5s));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
@@ -109,7 +109,7 @@ TEST(OneSidedNegotiation, NoRequestNoAnswer) {
   TcpPair p = Connect();
   ASSERT_TRUE(p.replica && p.leader);
   const Subscribe sub = Asking(0);
-  auto led = LeadOneSided(*p.leader, sub, true, 3, Deadline::After(5s));
+  auto led = LeadOneSided(*p.leader, sub, true, 3, 1ms, Deadline::After(5s));
   ASSERT_TRUE(led.ok());
   EXPECT_EQ(*led, nullptr);
   auto followed = Follow(p, sub);  // returns at once: it does not read
