@@ -24,7 +24,7 @@ CommitRequest PutRoot(const std::string& tree, const std::string& key, const std
   CommitRequest r;
   r.tree = tree;
   r.level = level;
-  r.timeout_ms = 8000;
+  r.timeout_ms = static_cast<uint32_t>(ScaledBound(std::chrono::milliseconds(8000)).count());
   r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, key, value, 0});
   return r;
 }
