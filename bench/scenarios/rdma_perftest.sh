@@ -305,11 +305,18 @@ start_cluster() {
   "$canopy" commit --node "$leader" "${cluster_args[@]}" --tree bench --cl ALL --put "/:warm=1" > /dev/null ||
     { bench_log "cluster $name: the first ALL commit failed"; return 1; }
 }
-# commit_lat LEADER LABEL -> QUORUM commit p50 (us) of $commits commits, one client.
+# commit_lat LEADER LABEL -> QUORUM commit p50 (us) of $commits commits, one client. Tried
+# again when the client's own connection set-up fails (under TCG an rdma:// connect can lose
+# the race with its bounds: "disconnected before the connection was set up").
 commit_lat() {
-  local out
-  out=$("$canopy" bench --node "$1" "${cluster_args[@]}" --tree bench --count "$commits" --cl QUORUM --json) ||
-    { bench_log "canopy bench ($2) failed: $out"; return 1; }
+  local out attempt
+  for attempt in 1 2 3; do
+    out=$("$canopy" bench --node "$1" "${cluster_args[@]}" --tree bench --count "$commits" --cl QUORUM --json 2>&1) && break
+    bench_log "canopy bench ($2) attempt $attempt failed: $out"
+    grep -Eq 'Closed|Unavailable|Timeout|deadline|refused' <<<"$out" && ((attempt < 3)) || return 1
+    sleep 2
+  done
+  out=$(grep '^{' <<<"$out" | tail -1)
   jq -c --arg l "$2" '{label: $l, canopy_bench: .}' <<<"$out" >> "$runs"
   jq -r '.p50_us * 1000 | round / 1000' <<<"$out"
 }
