@@ -100,6 +100,17 @@ struct NodeOptions {
   // (at most once per this interval; zero: never). A node that leads both a
   // tree and the raft costs a failover a raft election too when it dies.
   std::chrono::milliseconds raft_leader_rebalance_interval{1000};
+  // Replication streams over one-sided RDMA (replication/one_sided.h): as a
+  // replica on an rdma:// connection, ask the leader for a log ring of
+  // one_sided_ring_bytes; as a leader, accept such requests. Off: neither
+  // (a request is declined, the stream stays messages).
+  bool one_sided_replication = false;
+  uint64_t one_sided_ring_bytes = 256u << 10;
+  // A one-sided stream's receiver spins briefly, then sleeps in steps that
+  // double up to this while its ring stays empty (the latency an idle
+  // stream's next message may pay; raise it on emulated machines, where
+  // every wake-up is costly).
+  std::chrono::microseconds one_sided_poll_max{1000};
 };
 
 class Node {

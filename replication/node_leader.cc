@@ -8,20 +8,21 @@
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
+#include "replication/one_sided.h"
 #include "tree/snapshot.h"
 
 namespace canopy::replication {
 
 // Streams `sub.tree` to the subscribing replica until it goes away or we
 // stop leading the tree.
-Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& peer, const Subscribe& sub) {
+Status Node::Impl::LeadStream(transport::Connection& stream, const PeerIdentity& peer, const Subscribe& sub) {
   uint64_t epoch = 0;
   bool trusted = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!LeadsLocked(sub.tree, &epoch)) {
       Leadership l = LeadershipLocked(sub.tree);
-      SendError(conn,
+      SendError(stream,
                 Status::Unavailable(fmt::format("node {} is not the leader of {}; leader is {} (epoch {})",
                                                 node_id, sub.tree, l.leader, l.epoch)));
       return Status::Ok();
@@ -34,11 +35,11 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
                sub.have_version <= t.takeover_version);
   }
   if (!store->HasTree(sub.tree)) {
-    SendError(conn, Status::NotFound("no tree " + sub.tree + " on its leader (yet)"));
+    SendError(stream, Status::NotFound("no tree " + sub.tree + " on its leader (yet)"));
     return Status::Ok();
   }
   if (sub.epoch > epoch) {
-    SendError(conn,
+    SendError(stream,
               Status::Conflict(fmt::format("replica {} knows epoch {} of {}, newer than this leader's {}",
                                            peer.node_id, sub.epoch, sub.tree, epoch)));
     return Status::Ok();
@@ -50,6 +51,11 @@ Status Node::Impl::LeadStream(transport::Connection& conn, const PeerIdentity& p
   CANOPY_LOG(kInfo, "node {}: replica {} subscribed to {} at version {} (data epoch {}, leader epoch {}{})",
              node_id, peer.node_id, sub.tree, sub.have_version, sub.data_epoch, epoch,
              trusted ? "" : ", history not ours: resync by snapshot");
+  // Asked for one-sided replication: answer, and stream over the ring when accepted.
+  CANOPY_ASSIGN_OR_RETURN(auto one_sided, LeadOneSided(stream, sub, options.one_sided_replication, epoch,
+                                                       options.one_sided_poll_max,
+                                                       Deadline::After(options.handshake_timeout)));
+  transport::Connection& conn = one_sided ? *one_sided : stream;
   std::atomic<bool> done{false};
   Status sender_status;
   std::thread sender([&] {

@@ -7,6 +7,7 @@
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
+#include "replication/one_sided.h"
 #include "transport/registry.h"
 #include "tree/snapshot.h"
 
@@ -82,17 +83,17 @@ Status Node::Impl::FollowOnce(const std::string& tree_name, const Leadership& l,
   return s;
 }
 
-Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree_name, const Leadership& l,
+Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tree_name, const Leadership& l,
                             bool* reached) {
   const std::string& leader = l.leader;
   const uint64_t epoch = l.epoch;
   CANOPY_ASSIGN_OR_RETURN(PeerIdentity id,
-                          DialerHandshake(conn, hs, DialHandshakeDeadline()));
+                          DialerHandshake(stream, hs, DialHandshakeDeadline()));
   *reached = true;
   Heard(id.node_id);
   if (id.node_id != leader) {
     return Status::Unavailable(
-        fmt::format("{} answers as node {}, expected leader {}", conn.peer_uri(), id.node_id, leader));
+        fmt::format("{} answers as node {}, expected leader {}", stream.peer_uri(), id.node_id, leader));
   }
   uint64_t have = store->HasTree(tree_name) ? store->LatestVersion(tree_name).value_or(0) : 0;
   uint64_t data_epoch = 0;
@@ -102,7 +103,12 @@ Status Node::Impl::FollowOn(transport::Connection& conn, const std::string& tree
   }
   Subscribe sub{tree_name, epoch, have, node_id, data_epoch};
   OfferResume(&sub);  // an interrupted checkpoint file transfer continues where it stopped
-  CANOPY_RETURN_IF_ERROR(SendMessage(conn, sub));
+  sub.one_sided_ring_bytes = OneSidedRingToAsk(stream, options.one_sided_replication, options.one_sided_ring_bytes);
+  CANOPY_RETURN_IF_ERROR(SendMessage(stream, sub));
+  // Over the one-sided ring when we asked and the leader accepted (one_sided.h).
+  CANOPY_ASSIGN_OR_RETURN(auto one_sided, FollowOneSided(stream, sub, options.one_sided_poll_max,
+                                                         Deadline::After(options.handshake_timeout)));
+  transport::Connection& conn = one_sided ? *one_sided : stream;
   uint64_t last_acked = 0;
   uint64_t snapshots_installed = 0;  // on this stream
   CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));

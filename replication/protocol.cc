@@ -162,6 +162,7 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kSnapshotChunk: return "SNAPSHOT_CHUNK";
     case MessageType::kSnapshotEnd: return "SNAPSHOT_END";
     case MessageType::kSnapshotFile: return "SNAPSHOT_FILE";
+    case MessageType::kOneSidedAnswer: return "ONE_SIDED_ANSWER";
     case MessageType::kDelta: return "DELTA";
     case MessageType::kDeltaBatch: return "DELTA_BATCH";
     case MessageType::kAck: return "ACK";
@@ -242,6 +243,7 @@ TYPE_OF(SnapshotBegin, kSnapshotBegin)
 TYPE_OF(SnapshotChunk, kSnapshotChunk)
 TYPE_OF(SnapshotEnd, kSnapshotEnd)
 TYPE_OF(SnapshotFile, kSnapshotFile)
+TYPE_OF(OneSidedAnswer, kOneSidedAnswer)
 TYPE_OF(Delta, kDelta)
 TYPE_OF(DeltaBatch, kDeltaBatch)
 TYPE_OF(Ack, kAck)
@@ -347,6 +349,7 @@ std::string Encode(const Subscribe& m) {
   w.U64(m.partial_bytes);
   w.U64(m.partial_digest);
   w.U64(m.partial_offset);
+  if (m.one_sided_ring_bytes != 0) w.U64(m.one_sided_ring_bytes);  // optional: see kProtocolVersion
   return w.Finish();
 }
 Result<Subscribe> DecodeSubscribe(std::string_view payload) {
@@ -362,6 +365,25 @@ Result<Subscribe> DecodeSubscribe(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.partial_digest, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.partial_offset, r.U64());
   if (m.partial_offset > m.partial_bytes) return Status::Corruption("SUBSCRIBE resume offset past the file's end");
+  if (!r.AtEnd()) {
+    CANOPY_ASSIGN_OR_RETURN(m.one_sided_ring_bytes, r.U64());
+    if (m.one_sided_ring_bytes == 0) return Status::Corruption("SUBSCRIBE asks for a one-sided ring of 0 bytes");
+  }
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
+std::string Encode(const OneSidedAnswer& m) {
+  PayloadWriter w(MessageType::kOneSidedAnswer);
+  w.Bool(m.accepted);
+  w.Bytes(m.reason);
+  return w.Finish();
+}
+Result<OneSidedAnswer> DecodeOneSidedAnswer(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kOneSidedAnswer);
+  OneSidedAnswer m;
+  CANOPY_ASSIGN_OR_RETURN(m.accepted, r.Bool());
+  CANOPY_ASSIGN_OR_RETURN(m.reason, r.Bytes(kMaxTextBytes));
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

@@ -51,7 +51,12 @@ inline constexpr uint8_t kWireVersion = 1;
 // 2: ACK carries snapshots_installed; 3: HEARTBEAT probes (SWIM) and gossip
 // digests, PROBE_REQUEST, TREE_STATE_REQUEST / REPLY, DELTA_BATCH, request ids;
 // 4: SNAPSHOT_FILE (checkpoint files on the bulk path), SUBSCRIBE resume offer,
-// STATUS_REPLY names the metadata raft leader.
+// STATUS_REPLY names the metadata raft leader. Still 4, as an extension only
+// used when asked for: SUBSCRIBE may end with one_sided_ring_bytes (written
+// only when non-zero, so a SUBSCRIBE without it is byte for byte the one
+// before), answered by ONE_SIDED_ANSWER (replication/one_sided.h). A node
+// older than that refuses such a SUBSCRIBE as Corruption: turn
+// --one-sided-replication on once every node knows it.
 inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
@@ -76,6 +81,7 @@ enum class MessageType : uint16_t {
   kAck = 0x0115,
   kHeartbeat = 0x0116,
   kSnapshotFile = 0x0117,
+  kOneSidedAnswer = 0x0118,
   kError = 0x011f,
   kCommitRequest = 0x0120,
   kCommitReply = 0x0121,
@@ -152,7 +158,21 @@ struct Subscribe {
   uint64_t partial_bytes = 0;
   uint64_t partial_digest = 0;
   uint64_t partial_offset = 0;
+  // Non-zero: the replica asks to receive this stream over a one-sided log
+  // ring of this many bytes (rdma:// only; replication/one_sided.h). The
+  // leader answers with ONE_SIDED_ANSWER before anything else.
+  uint64_t one_sided_ring_bytes = 0;
   bool operator==(const Subscribe&) const = default;
+};
+
+// The leader's answer to a SUBSCRIBE with one_sided_ring_bytes: accepted
+// (both ends then set the one-sided stream up, transport/rdma/
+// one_sided_stream.h), or declined with the reason (the stream goes on as
+// messages on the connection).
+struct OneSidedAnswer {
+  bool accepted = false;
+  std::string reason;  // why not, when declined
+  bool operator==(const OneSidedAnswer&) const = default;
 };
 
 struct SnapshotBegin {
@@ -494,6 +514,7 @@ std::string Encode(const SnapshotBegin& m);
 std::string Encode(const SnapshotChunk& m);
 std::string Encode(const SnapshotEnd& m);
 std::string Encode(const SnapshotFile& m);
+std::string Encode(const OneSidedAnswer& m);
 std::string Encode(const Delta& m);
 std::string Encode(const DeltaBatch& m);
 std::string Encode(const Ack& m);
@@ -523,6 +544,7 @@ MessageType TypeOf(const SnapshotBegin&);
 MessageType TypeOf(const SnapshotChunk&);
 MessageType TypeOf(const SnapshotEnd&);
 MessageType TypeOf(const SnapshotFile&);
+MessageType TypeOf(const OneSidedAnswer&);
 MessageType TypeOf(const Delta&);
 MessageType TypeOf(const DeltaBatch&);
 MessageType TypeOf(const Ack&);
@@ -552,6 +574,7 @@ Result<SnapshotBegin> DecodeSnapshotBegin(std::string_view payload);
 Result<SnapshotChunk> DecodeSnapshotChunk(std::string_view payload);
 Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload);
 Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload);
+Result<OneSidedAnswer> DecodeOneSidedAnswer(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);
 Result<Ack> DecodeAck(std::string_view payload);

@@ -138,7 +138,9 @@ class TestCluster {
                                      "--listen", n.uri.empty() ? listen_uri_ : n.uri,
                                      "--data", n.dir, "--cluster", kClusterName, "--secret-file", n.secret_file,
                                      "--node-id", n.node_id, "--uri-file", uri_file, "--heartbeat-ms", "50",
-                                     "--failure-ms", "800"};
+                                     // A stream silent this long is dead: scaled like every other
+                                     // bound, since an emulated guest can stall a node for seconds.
+                                     "--failure-ms", std::to_string(ScaledBound(std::chrono::milliseconds(800)).count())};
     for (const auto& s : n.seeds) {
       args.push_back("--seed");
       args.push_back(s);

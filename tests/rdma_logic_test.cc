@@ -17,6 +17,7 @@
 #include "transport/rdma/credits.h"
 #include "transport/rdma/keepalive.h"
 #include "transport/rdma/log_ring_layout.h"
+#include "transport/rdma/one_sided_record.h"
 #include "transport/rdma/rdma_wire.h"
 #include "transport/rdma/slot_pool.h"
 #include "transport/rdma/stream.h"
@@ -672,6 +673,58 @@ TEST(RdmaLogRingLayout, CredentialsRoundTripAndRejectGarbage) {
   EXPECT_EQ(back->rkey, target.rkey);
   EXPECT_EQ(back->epoch, target.epoch);
   EXPECT_EQ(DecodeFeedbackTarget(EncodeRingOffer(offer)).status().code(), StatusCode::kCorruption);
+}
+
+// ---- one-sided stream records (one_sided_record.h) ----
+
+TEST(RdmaOneSidedRecord, MessagesAndMarkersRoundTrip) {
+  std::string record;
+  EncodeOneSidedMessage(0x0114, "delta bytes", &record);
+  ASSERT_EQ(record.size(), kOneSidedRecordHeaderSize + 11);
+  auto m = DecodeOneSidedRecord(record);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->kind, OneSidedRecordKind::kMessage);
+  EXPECT_EQ(m->type, 0x0114);
+  EXPECT_EQ(m->payload, "delta bytes");
+  // An empty message is a message, not a marker.
+  EncodeOneSidedMessage(0x0115, "", &record);
+  auto empty = DecodeOneSidedRecord(record);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->kind, OneSidedRecordKind::kMessage);
+  EXPECT_TRUE(empty->payload.empty());
+  for (OneSidedRecordKind kind : {OneSidedRecordKind::kOnStream, OneSidedRecordKind::kEnd}) {
+    auto marker = DecodeOneSidedRecord(EncodeOneSidedMarker(kind));
+    ASSERT_TRUE(marker.ok()) << marker.status().ToString();
+    EXPECT_EQ(marker->kind, kind);
+    EXPECT_EQ(marker->type, 0);
+    EXPECT_TRUE(marker->payload.empty());
+  }
+}
+
+TEST(RdmaOneSidedRecord, MalformedRecordsAreCorruption) {
+  EXPECT_EQ(DecodeOneSidedRecord("").status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeOneSidedRecord(std::string("\x01\x14", 2)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeOneSidedRecord(std::string("\x00\x00\x00", 3)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeOneSidedRecord(std::string("\x04\x00\x00", 3)).status().code(), StatusCode::kCorruption);
+  // A marker carries nothing: bytes after it, or a type, are not a marker.
+  std::string marker = EncodeOneSidedMarker(OneSidedRecordKind::kOnStream);
+  EXPECT_EQ(DecodeOneSidedRecord(marker + "x").status().code(), StatusCode::kCorruption);
+  marker[1] = 1;
+  EXPECT_EQ(DecodeOneSidedRecord(marker).status().code(), StatusCode::kCorruption);
+}
+
+TEST(RdmaOneSidedRecord, InlineLimitIsAQuarterOfTheRing) {
+  for (uint64_t ring : {uint64_t{4096}, uint64_t{1} << 20, uint64_t{65536}, uint64_t{1000}}) {
+    const uint64_t max = OneSidedMaxInlinePayload(ring);
+    ASSERT_GT(max, 0u) << ring;
+    // The largest inline message's record takes at most a quarter of the ring, and fits.
+    EXPECT_LE(RingRecordBytes(kOneSidedRecordHeaderSize + max), ring / 4) << ring;
+    EXPECT_GT(RingRecordBytes(kOneSidedRecordHeaderSize + max + 8), ring / 4) << ring;
+    EXPECT_TRUE(PlaceRecord(ring - 8, ring, kOneSidedRecordHeaderSize + max).ok()) << ring;
+  }
+  EXPECT_EQ(OneSidedMaxInlinePayload(64), 0u);  // 16 bytes: not even the headers
+  EXPECT_EQ(OneSidedMaxInlinePayload(128), 0u);
+  EXPECT_EQ(OneSidedMaxInlinePayload(256), 29u);  // a 64-byte record
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "tests/transport_conformance.h"
 #include "transport/builtin.h"
 #include "transport/rdma/log_ring.h"
+#include "transport/rdma/one_sided_stream.h"
 #include "transport/registry.h"
 
 namespace canopy::transport {
@@ -448,6 +449,142 @@ TEST(RdmaLogRing, RevocationFencesTheStaleWriter) {
   ASSERT_TRUE(nothing.ok()) << nothing.status().ToString();
   EXPECT_FALSE(nothing->has_value());
   EXPECT_EQ((*ring)->records_received(), 2u);
+}
+
+// ---------------------------------------------------------------------------
+// One-sided stream: a Connection over two log rings (one_sided_stream.h).
+
+using rdma::OneSidedOptions;
+using rdma::SupportsOneSided;
+using rdma::UpgradeToOneSided;
+
+struct OneSidedPair {
+  ConnectedPair pair;
+  std::unique_ptr<Connection> client;  // over pair.client
+  std::unique_ptr<Connection> server;  // over pair.server
+};
+
+// Both ends upgrade at once (each sends its offer, then reads the peer's).
+Result<OneSidedPair> UpgradeBoth(ConnectedPair pair, uint64_t client_ring, uint64_t server_ring) {
+  OneSidedPair out;
+  out.pair = std::move(pair);
+  std::optional<Result<std::unique_ptr<Connection>>> server;
+  std::thread t([&] {
+    server.emplace(UpgradeToOneSided(*out.pair.server, OneSidedOptions{server_ring, 3, std::chrono::microseconds(200)},
+                                     RingDeadline()));
+  });
+  auto client =
+      UpgradeToOneSided(*out.pair.client, OneSidedOptions{client_ring, 3, std::chrono::microseconds(200)}, RingDeadline());
+  if (!client.ok()) out.pair.client->Close();
+  t.join();
+  if (!client.ok()) return client.status().WithContext("client upgrade");
+  if (!server->ok()) return server->status().WithContext("server upgrade");
+  out.client = std::move(*client);
+  out.server = std::move(**server);
+  return out;
+}
+
+std::string StreamPayload(int i) { return std::string(static_cast<size_t>(i * 37 % 1500), static_cast<char>('a' + i % 26)); }
+
+TEST(RdmaOneSidedStream, NeedsAnRdmaConnection) {
+  auto pair = ConnectOver("tcp://127.0.0.1:0");
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  EXPECT_FALSE(SupportsOneSided(*pair->client));
+  auto up = UpgradeToOneSided(*pair->client, OneSidedOptions{}, RingDeadline());
+  ASSERT_EQ(up.status().code(), StatusCode::kNotSupported) << up.status().ToString();
+  EXPECT_NE(up.status().message().find("plain rdma:// connection"), std::string::npos);
+}
+
+TEST(RdmaOneSidedStream, MessagesKeepTheirOrderAcrossRingStreamAndBulk) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto connected = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  EXPECT_TRUE(SupportsOneSided(*connected->client));
+  // The server's ring of 4 KiB carries messages up to 992 bytes inline; larger ones
+  // go on the stream behind a marker. The client's ring of 8 KiB holds every answer.
+  auto both = UpgradeBoth(std::move(*connected), 8192, 4096);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  constexpr int kMessages = 120;
+  const std::string bulk = RandomBytes(64 << 10, 7);
+  Status sent;
+  std::thread producer([&] {
+    for (int i = 0; i < kMessages && sent.ok(); ++i) {
+      if (i == kMessages / 2) {
+        sent = both->client->SendWithBulk(0x7e10, "bulk follows", BulkSource::FromMemory(bulk));
+        if (!sent.ok()) break;
+      }
+      sent = both->client->Send(static_cast<uint16_t>(0x7e00 + i % 16), StreamPayload(i));
+    }
+    if (sent.ok()) sent = both->client->Shutdown();
+  });
+  for (int i = 0; i < kMessages; ++i) {
+    if (i == kMessages / 2) {
+      auto m = both->server->Receive(RingDeadline());
+      ASSERT_TRUE(m.ok()) << m.status().ToString();
+      EXPECT_EQ(m->type, 0x7e10);
+      EXPECT_EQ(m->payload, "bulk follows");
+      ASSERT_EQ(m->bulk_bytes, bulk.size());
+      std::string got(bulk.size(), '\0');
+      ASSERT_TRUE(both->server->ReceiveBulk(BulkSink::ToMemory(got.data()), got.size(), RingDeadline()).ok());
+      EXPECT_EQ(got, bulk);
+    }
+    auto m = both->server->Receive(RingDeadline());
+    ASSERT_TRUE(m.ok()) << "message " << i << ": " << m.status().ToString();
+    EXPECT_EQ(m->type, 0x7e00 + i % 16) << i;
+    ASSERT_EQ(m->payload, StreamPayload(i)) << i;
+    // The other direction runs at the same time: an answer per message.
+    ASSERT_TRUE(both->server->Send(0x7e20, std::to_string(i)).ok());
+  }
+  auto end = both->server->Receive(RingDeadline());
+  EXPECT_EQ(end.status().code(), StatusCode::kClosed) << end.status().ToString();
+  producer.join();
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
+  for (int i = 0; i < kMessages; ++i) {
+    auto answer = both->client->Receive(RingDeadline());
+    ASSERT_TRUE(answer.ok()) << i << ": " << answer.status().ToString();
+    EXPECT_EQ(answer->payload, std::to_string(i));
+  }
+  EXPECT_EQ(both->client->Receive(Deadline::After(50ms)).status().code(), StatusCode::kTimeout);
+  EXPECT_GE(both->client->stats().messages_sent, static_cast<uint64_t>(kMessages));
+}
+
+TEST(RdmaOneSidedStream, PeerThatGoesAwayIsUnavailable) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto connected = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  auto both = UpgradeBoth(std::move(*connected), 4096, 4096);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  ASSERT_TRUE(both->client->Send(0x7e01, "last words").ok());
+  auto first = both->server->Receive(RingDeadline());
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->payload, "last words");
+  // The client goes away abruptly: its rings and its connection.
+  both->client.reset();
+  both->pair.client.reset();
+  const auto start = std::chrono::steady_clock::now();
+  auto gone = both->server->Receive(RingDeadline());
+  EXPECT_EQ(gone.status().code(), StatusCode::kUnavailable) << gone.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, ::canopy::testing::ScaledBound(5s));
+}
+
+TEST(RdmaOneSidedStream, DestroyedEndFencesItsStaleWriter) {
+  if (std::string why = DeviceSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto connected = ConnectOver(RdmaRingUri());
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  auto both = UpgradeBoth(std::move(*connected), 4096, 4096);
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  ASSERT_TRUE(both->client->Send(0x7e01, "before").ok());
+  auto before = both->server->Receive(RingDeadline());
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  // The server gives the stream up: its ring is deregistered, the connection stays.
+  both->server.reset();
+  Status stale;
+  for (int i = 0; i < 64 && stale.ok(); ++i) {
+    stale = both->client->Send(0x7e01, "stale " + std::to_string(i));
+    if (stale.ok()) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(stale.code(), StatusCode::kPermissionDenied) << stale.ToString();
+  EXPECT_NE(stale.message().find("revoked"), std::string::npos) << stale.ToString();
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 #                                                           powers itself off at the end)
 # One boot does everything; a pair runs in three phases:
 # 1. each guest over its own rxe0 at once (2 host cores: both busy): A the rdma:// conformance
-#    suite (event mode, busy-poll with small slots) and the one-sided log ring tests, B the cluster tests with every node on
+#    suite (event mode, busy-poll with small slots), the one-sided log ring and stream tests and
+#    a cluster with --one-sided-replication (replication over the rings), B the cluster tests with every node on
 #    rdma:// (QUORUM commits, a killed replica caught up by delta and by snapshot, a killed
 #    leader with failover, no acknowledged write lost), then the suite over fault+rdma://
 #    without faults;
@@ -84,11 +85,19 @@ conformance() {
 }
 
 # The one-sided log ring (transport/rdma/log_ring.h) between two connection ends over rxe0:
-# order across wraparound, a full ring holding the writer, revocation fencing a stale writer.
+# order across wraparound, a full ring holding the writer, revocation fencing a stale writer;
+# the one-sided stream over two rings (transport/rdma/one_sided_stream.h): order across ring,
+# stream and bulk, a vanished peer seen as Unavailable, a destroyed end fencing its writer;
+# then a 3-node cluster on rdma://self with --one-sided-replication (QUORUM commits, a killed
+# replica caught up over the rings, equal digests, every stream over a ring).
 log_ring_tests() {
-  step "rdma_transport_test: one-sided log ring on rdma://$self"
-  "$build/tests/rdma_transport_test" --gtest_brief=1 --gtest_filter='RdmaLogRing.*'
+  step "rdma_transport_test: one-sided log ring and stream on rdma://$self"
+  "$build/tests/rdma_transport_test" --gtest_brief=1 --gtest_filter='RdmaLogRing.*:RdmaOneSidedStream.*'
   step "log ring tests passed"
+  step "cluster with --one-sided-replication on rdma://$self"
+  CANOPY_TEST_CLUSTER_LISTEN="rdma://$self:0" "$build/tests/cluster_replication_test" --gtest_brief=1 \
+    --gtest_filter='ClusterReplicationTest.OneSidedReplicationOptionReplicatesAndCatchesUp'
+  step "one-sided cluster test passed"
 }
 
 # The cluster tests with every node listening on rdma://self.

@@ -56,6 +56,25 @@ TEST(ProtocolTest, HandshakeMessagesRoundTrip) {
   RoundTrip(Welcome{"3"}, &DecodeWelcome);
 }
 
+TEST(ProtocolTest, SubscribeAsksForOneSidedOnlyWhenSet) {
+  Subscribe plain{"tree-1", 4, 9, "2", 4};
+  Subscribe asking = plain;
+  asking.one_sided_ring_bytes = 1 << 20;
+  RoundTrip(asking, &DecodeSubscribe);
+  RoundTrip(plain, &DecodeSubscribe);
+  EXPECT_EQ(DecodeSubscribe(Encode(plain))->one_sided_ring_bytes, 0u);
+  // The request only adds bytes at the end: without it, a SUBSCRIBE is what every
+  // protocol-4 node reads.
+  const std::string a = Encode(plain);
+  const std::string b = Encode(asking);
+  ASSERT_GT(b.size(), a.size());
+  EXPECT_EQ(a.substr(0, a.size() - 4), b.substr(0, a.size() - 4));
+  RoundTrip(OneSidedAnswer{true, ""}, &DecodeOneSidedAnswer);
+  RoundTrip(OneSidedAnswer{false, "the leader runs without --one-sided-replication"}, &DecodeOneSidedAnswer);
+  EXPECT_EQ(MessageTypeName(static_cast<uint16_t>(MessageType::kOneSidedAnswer)), "ONE_SIDED_ANSWER");
+  EXPECT_EQ(TypeOf(OneSidedAnswer{}), MessageType::kOneSidedAnswer);
+}
+
 TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(Subscribe{"tree-1", 4, 123456789, "2", 3}, &DecodeSubscribe);
   RoundTrip(SnapshotBegin{"t", 1, 77}, &DecodeSnapshotBegin);

@@ -5,7 +5,8 @@
 # same seconds; bench's message path is two-sided SEND like ib_send_bw), bench
 # --bulk (RDMA READ above the eager limit) versus ib_write_bw, 64-byte
 # ping-pong latency versus ib_send_lat, the one-sided log ring's round trip (bench --one-sided)
-# versus ib_write_lat's, alternating per rep; and rcopy over
+# versus ib_write_lat's, alternating per rep; a 3-node canopy cluster's QUORUM commit p50 with
+# --one-sided-replication versus ib_write_lat's round trip and versus the message stream; and rcopy over
 # rdma:// versus ib_write_bw and versus rcopy over tcp:// on the same
 # addresses, tmpfs -> tmpfs. Decimal Gbit/s, microseconds. Env:
 # RDMA_BENCH_DEVICE, RDMA_BENCH_ADDR (defaults: the first device and its
@@ -267,6 +268,75 @@ for ((rep = 1; rep <= reps; rep++)); do
 done
 comparisons+=("$(bench_comparison "64-byte one-sided replication round trip: log ring append -> durable WRITE back (p50) vs ib_write_lat round trip (2 x t_typical)" us false \
   "bench rdma:// --one-sided" "$(bench_samples "${rl[@]}")" "ib_write_lat RTT" "$(bench_samples "${wl[@]}")" 0.3333 "within 3x of one ib_write_lat round trip")")
+
+# QUORUM commit latency of a 3-node canopy cluster on rdma:// (all three nodes on the serving
+# side, the client `canopy bench` here), once with --one-sided-replication (deltas and ACKs as
+# RDMA WRITEs into log rings, replication/one_sided.h) and once over the message stream,
+# alternating per rep with ib_write_lat. The commit's p50 includes the client's own round trip
+# to the leader (messages), the leader's WAL append, the replica's apply + ACK.
+canopy=$BENCH_BUILD/tools/canopy/canopy
+[[ -x $canopy ]] || { bench_log "$canopy not built"; exit 1; }
+if [[ $role == a ]]; then cluster_dir=$CANOPY_VM_DIR/cluster; data_root=/tmp/rdma_perftest-cluster; else cluster_dir=$work/cluster; data_root=$work/cluster-data; fi
+mkdir -p "$cluster_dir"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$cluster_dir/secret"
+cluster_args=(--cluster bench --secret-file "$cluster_dir/secret")
+commits=$(bench_pick 60 300 2000)
+# start_cluster NAME BASE_PORT NODE_FLAGS...: sets $leader to the URI of tree "bench"'s leader
+# (not in a $(...) subshell: on a host with a device, serve keeps the nodes' pids for cleanup).
+start_cluster() {
+  local name=$1 base=$2 n seeds="" uri1="rdma://$addr:$(($2 + 1))" created="" attempt
+  leader=""
+  shift 2
+  for n in 1 2 3; do
+    serve "$canopy node --listen rdma://$addr:$((base + n)) --data $data_root/$name-$n --node-id $n ${cluster_args[*]} $seeds --heartbeat-ms 100 --failure-ms 3000 --handshake-ms 30000 $* > $share/cluster-$name.$n.log 2>&1" || return 1
+    seeds+=" --seed rdma://$addr:$((base + n))"
+  done
+  for attempt in $(seq 1 120); do
+    [[ $("$canopy" status --node "$uri1" "${cluster_args[@]}" --json 2> /dev/null | grep -o '"alive":true' | wc -l) -ge 3 ]] && break
+    sleep 1
+  done
+  for attempt in 1 2 3 4 5; do
+    created=$("$canopy" create-tree --node "$uri1" "${cluster_args[@]}" --tree bench 2>&1) && break
+    sleep 2
+  done
+  leader=$(sed -n 's/^created bench on leader \([^ ]*\) .*/\1/p' <<<"$created")
+  [[ -n $leader ]] || { bench_log "cluster $name: no leader in: $created"; return 1; }
+  # ALL once: every replica has subscribed (and, with the option, set its ring up).
+  "$canopy" commit --node "$leader" "${cluster_args[@]}" --tree bench --cl ALL --put "/:warm=1" > /dev/null ||
+    { bench_log "cluster $name: the first ALL commit failed"; return 1; }
+}
+# commit_lat LEADER LABEL -> QUORUM commit p50 (us) of $commits commits, one client. Tried
+# again when the client's own connection set-up fails (under TCG an rdma:// connect can lose
+# the race with its bounds: "disconnected before the connection was set up").
+commit_lat() {
+  local out attempt
+  for attempt in 1 2 3; do
+    out=$("$canopy" bench --node "$1" "${cluster_args[@]}" --tree bench --count "$commits" --cl QUORUM --json 2>&1) && break
+    bench_log "canopy bench ($2) attempt $attempt failed: $out"
+    grep -Eq 'Closed|Unavailable|Timeout|deadline|refused' <<<"$out" && ((attempt < 3)) || return 1
+    sleep 2
+  done
+  out=$(grep '^{' <<<"$out" | tail -1)
+  jq -c --arg l "$2" '{label: $l, canopy_bench: .}' <<<"$out" >> "$runs"
+  jq -r '.p50_us * 1000 | round / 1000' <<<"$out"
+}
+start_cluster ring 7610 --one-sided-replication || exit 1
+ring_leader=$leader
+start_cluster msg 7620 || exit 1
+msg_leader=$leader
+ql=() qm=() qw=()
+for ((rep = 1; rep <= reps; rep++)); do
+  ql+=("$(commit_lat "$ring_leader" "canopy bench QUORUM, --one-sided-replication")")
+  qw+=("$(write_lat_rtt)")
+  qm+=("$(commit_lat "$msg_leader" "canopy bench QUORUM, message stream")")
+  bench_log "QUORUM commit rep $rep/$reps, p50 us: one-sided ${ql[-1]} / ib_write_lat RTT ${qw[-1]} / message stream ${qm[-1]}"
+done
+comparisons+=("$(bench_comparison "QUORUM commit latency (p50, 3 nodes on rdma://, --one-sided-replication) vs ib_write_lat round trip (2 x t_typical)" us false \
+  "canopy QUORUM one-sided" "$(bench_samples "${ql[@]}")" "ib_write_lat RTT" "$(bench_samples "${qw[@]}")" 0.3333 "within 3x of one ib_write_lat round trip")")
+comparisons+=("$(bench_comparison "QUORUM commit latency (p50, 3 nodes on rdma://): --one-sided-replication vs the message stream" us false \
+  "canopy QUORUM one-sided" "$(bench_samples "${ql[@]}")" "canopy QUORUM messages" "$(bench_samples "${qm[@]}")")")
+grep -h "over the one-sided ring" "$share"/cluster-ring.*.log > /dev/null 2>&1 ||
+  bench_log "note: no node log of the one-sided cluster says it streamed over a ring"
 
 # rcopy, rdma:// vs ib_write_bw moving 1 MiB messages, and vs tcp:// on the same address.
 src=$work/src.bin

@@ -168,7 +168,7 @@ int RunNode(int argc, char** argv) {
   std::vector<std::string> raft_peers;
   uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
   uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000,
-           handshake_ms = 5000;
+           handshake_ms = 5000, one_sided_poll_us = 1000;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
   std::string max_snapshot_bytes = "1T";
@@ -214,6 +214,12 @@ int RunNode(int argc, char** argv) {
        "refused connection is evidence at once)")
       ("raft-election-ms", po::value(&raft_election_ms)->default_value(150),
        "metadata raft election timeout (randomized in [t, 2t); its heartbeat is t/5)")
+      ("one-sided-replication", po::bool_switch(&o.one_sided_replication),
+       "carry replication streams over one-sided RDMA log rings where the connection is rdma:// (deltas and "
+       "ACKs as RDMA WRITEs, no SEND on the path); every node of the cluster needs a canopy that knows it")
+      ("one-sided-poll-us", po::value(&one_sided_poll_us)->default_value(1000),
+       "with --one-sided-replication: an idle stream's receiver sleeps at most this long between polls of its "
+       "ring (the latency an idle stream's next message may pay; raise it on emulated machines)")
       ("handshake-ms", po::value(&handshake_ms)->default_value(5000),
        "bound on a peer's or client's HELLO/authentication exchange with this node (its own dials use 3/5 of "
        "it); raise it on slow or emulated machines")
@@ -318,6 +324,8 @@ int RunNode(int argc, char** argv) {
   o.raft_leader_rebalance_interval = std::chrono::milliseconds(raft_rebalance_ms);
   if (handshake_ms < 10) throw UsageError("--handshake-ms must be at least 10");
   o.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+  if (one_sided_poll_us < 1 || one_sided_poll_us > 1000000) throw UsageError("--one-sided-poll-us must be 1..1000000");
+  o.one_sided_poll_max = std::chrono::microseconds(one_sided_poll_us);
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
