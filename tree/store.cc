@@ -558,6 +558,133 @@ class StoreImpl final : public Store {
     return CommitDelta(*t, delta, nullptr, nullptr, "", CommitMode::kClientOnLatest);
   }
 
+  std::vector<Result<CommitResult>> CommitOpsBatch(std::string_view tree, std::vector<OpsCommit> commits) override {
+    std::vector<Result<CommitResult>> results;
+    results.reserve(commits.size());
+    auto found = FindTree(tree);
+    if (!found.ok()) {
+      for (size_t i = 0; i < commits.size(); ++i) results.emplace_back(found.status());
+      return results;
+    }
+    TreeState& t = **found;
+    std::vector<Version> dropped;  // versions leaving the retained window; freed after t.mu is released
+    std::unique_lock lk(t.mu);
+    if (!t.failed.ok()) {
+      for (size_t i = 0; i < commits.size(); ++i) results.emplace_back(t.failed);
+      return results;
+    }
+    // First every commit is built on the one before it (nothing installed:
+    // a failed WAL write must leave the tree as it was), then one write.
+    struct Built {
+      size_t index;
+      NodePtr root;
+      size_t record_end;  // offset in `records` after its WAL record
+    };
+    std::vector<Built> built;
+    std::vector<std::pair<const RequestId*, uint64_t>> batch_ids;  // ids committed by this batch
+    std::string records;
+    uint64_t newest = t.latest.number();
+    NodePtr root = t.latest.root();
+    uint64_t wait_durable = 0;  // the newest earlier version a duplicate returns
+    for (size_t i = 0; i < commits.size(); ++i) {
+      OpsCommit& c = commits[i];
+      if (!c.request.empty()) {
+        uint64_t earlier = t.requests.Find(c.request);
+        for (const auto& [id, v] : batch_ids) {
+          if (*id == c.request) earlier = v;
+        }
+        if (earlier != 0) {
+          wait_durable = std::max(wait_durable, earlier);
+          results.emplace_back(CommitResult{earlier, "", true});
+          continue;
+        }
+      }
+      if (c.base_version != 0 && c.base_version != newest) {
+        results.emplace_back(Status::Conflict(TreeLabel(t) + ": base version " + std::to_string(c.base_version) +
+                                              " is stale: the newest version is " + std::to_string(newest)));
+        continue;
+      }
+      Delta delta;
+      delta.tree = t.name;
+      delta.base_version = newest;
+      delta.new_version = newest + 1;
+      delta.ops = std::move(c.ops);
+      delta.request = c.request;
+      auto applied = ApplyOps(root, delta.ops);
+      if (!applied.ok()) {
+        results.emplace_back(applied.status().WithContext(TreeLabel(t) + ": delta to version " +
+                                                          std::to_string(delta.new_version) + " does not apply"));
+        continue;
+      }
+      std::string encoded = EncodeDelta(delta);
+      records += encoded;
+      root = std::move(*applied);
+      newest = delta.new_version;
+      if (!c.request.empty()) batch_ids.emplace_back(&c.request, newest);
+      built.push_back(Built{i, root, records.size()});
+      results.emplace_back(CommitResult{newest, std::move(encoded)});
+    }
+    if (!built.empty()) {
+      const uint64_t first = t.latest.number() + 1;
+      bool broken = false;
+      Status s = t.wal->AppendRecords(records, first, newest, SyncsFiles(), &broken);
+      if (!s.ok()) {
+        if (broken) {
+          t.failed = Status::IOError(TreeLabel(t) + ": WAL state in doubt after a failed write or sync (" +
+                                     s.message() + "); the tree is read-only until the store is reopened");
+        }
+        Status failed = s.WithContext(TreeLabel(t) + ": commit of versions " + std::to_string(first) + ".." +
+                                      std::to_string(newest) + " failed, the tree stays at version " +
+                                      std::to_string(t.latest.number()));
+        for (const Built& b : built) results[b.index] = failed;
+        // Duplicates naming a version of this batch: it was never made.
+        for (size_t i = 0; i < results.size(); ++i) {
+          if (results[i].ok() && results[i]->duplicate && results[i]->version >= first) results[i] = failed;
+        }
+        return results;
+      }
+      const SteadyTime now = std::chrono::steady_clock::now();
+      uint64_t v = t.latest.number();
+      for (const Built& b : built) {
+        ++v;
+        t.requests.Record(commits[b.index].request, v);
+        t.history.push_back(RetainedVersion{std::move(t.latest), now});
+        t.latest = Version(t.name, v, b.root);
+      }
+      PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, &dropped);
+      t.unsynced_bytes += records.size();
+      if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
+      wait_durable = std::max(wait_durable, v);
+    }
+    bool queue_checkpoint = false;
+    if (!built.empty() && options_.checkpoint_every_commits > 0) {
+      t.commits_since_checkpoint += built.size();
+      if (t.commits_since_checkpoint >= options_.checkpoint_every_commits && !t.checkpoint_queued) {
+        t.checkpoint_queued = true;
+        queue_checkpoint = true;
+      }
+    }
+    if (options_.fsync == FsyncPolicy::kAlways && wait_durable != 0) {
+      Status ds = SyncLocked(lk, t, wait_durable, false);
+      if (!ds.ok()) {
+        for (auto& r : results) {
+          if (r.ok()) r = ds;
+        }
+      }
+    }
+    bool kick = options_.fsync == FsyncPolicy::kBatch && t.unsynced_bytes >= options_.batch_bytes;
+    lk.unlock();
+    if (queue_checkpoint || kick) {
+      {
+        std::lock_guard bl(bg_mu_);
+        if (queue_checkpoint) checkpoint_queue_.push_back(*found);
+        if (kick) batch_kick_ = true;
+      }
+      bg_cv_.notify_one();
+    }
+    return results;
+  }
+
   Result<CommitResult> ApplyDelta(const Delta& delta) override {
     if (delta.new_version != delta.base_version + 1) {
       return Status::InvalidArgument("delta for tree '" + delta.tree + "' goes from version " +
