@@ -166,7 +166,19 @@ void Node::Impl::ClaimPendingLocked(std::shared_ptr<PendingCommit> p, std::optio
 }
 
 void Node::Impl::FinishCommits(PendingCommits& claimed) {
-  for (auto& p : claimed) p->pipeline->Answer(*p);
+  // One write per connection for the replies this ACK completed.
+  std::vector<PendingCommit*> same;
+  for (size_t i = 0; i < claimed.size(); ++i) {
+    CommitPipeline* pipeline = claimed[i]->pipeline;
+    bool first = true;
+    for (size_t j = 0; j < i && first; ++j) first = claimed[j]->pipeline != pipeline;
+    if (!first) continue;
+    same.clear();
+    for (size_t j = i; j < claimed.size(); ++j) {
+      if (claimed[j]->pipeline == pipeline) same.push_back(claimed[j].get());
+    }
+    pipeline->AnswerAll(same);
+  }
   std::lock_guard<std::mutex> lock(mu);
   for (auto& p : claimed) {
     CommitPipeline& pipeline = *p->pipeline;
@@ -195,7 +207,9 @@ CommitPipeline::~CommitPipeline() {
     }
     timer_cv_.notify_all();
   }
-  for (auto& p : orphans) Answer(*p);
+  std::vector<PendingCommit*> orphaned;
+  for (auto& p : orphans) orphaned.push_back(p.get());
+  AnswerAll(orphaned);
   {
     std::unique_lock<std::mutex> lock(node_.mu);
     timer_cv_.wait(lock, [&] { return answering_ == 0; });
@@ -309,25 +323,37 @@ void CommitPipeline::FlushTree(const std::string& tree_name, std::vector<Queued*
   // Out to the replicas from this thread where the stream is idle (one
   // frame per replica for the whole batch), then the decided replies.
   if (pushed_any) node_.PushCommit(tree_name, streams);
+  std::vector<PendingCommit*> decided;
   for (auto& p : answer_now) {
     if (p->reply.status.code != StatusCode::kOk) p->need = 0;
-    Answer(*p);
+    decided.push_back(p.get());
   }
+  AnswerAll(decided);
 }
 
-void CommitPipeline::Answer(PendingCommit& p) {
-  CommitReply& reply = p.reply;
-  if (reply.status.code == StatusCode::kOk) {
-    reply.acks = p.acks;
-    if (p.acks < p.need) {
-      reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
-          "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
-          reply.version, p.tree, p.acks, p.need, ConsistencyLevelName(p.level))));
+void CommitPipeline::AnswerAll(const std::vector<PendingCommit*>& commits) {
+  if (commits.empty()) return;
+  std::vector<std::string> encoded;
+  encoded.reserve(commits.size());
+  const auto now = Clock::now();
+  for (PendingCommit* p : commits) {
+    CommitReply& reply = p->reply;
+    if (reply.status.code == StatusCode::kOk) {
+      reply.acks = p->acks;
+      if (p->acks < p->need) {
+        reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
+            "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
+            reply.version, p->tree, p->acks, p->need, ConsistencyLevelName(p->level))));
+      }
     }
+    node_.metrics->Commit(p->level, reply.status.code, now - p->started);
+    encoded.push_back(Encode(reply));
   }
-  node_.metrics->Commit(p.level, reply.status.code, Clock::now() - p.started);
-  if (!SendMessage(conn_, reply).ok()) conn_.Close();  // the reader sees it and ends the connection
-  if (in_flight_.fetch_sub(1) >= kMaxCommitsInFlight) {
+  std::vector<std::string_view> payloads(encoded.begin(), encoded.end());
+  if (!conn_.SendBatch(static_cast<uint16_t>(MessageType::kCommitReply), payloads).ok()) {
+    conn_.Close();  // the reader sees it and ends the connection
+  }
+  if (in_flight_.fetch_sub(commits.size()) >= kMaxCommitsInFlight) {  // the reader may wait for room
     std::lock_guard<std::mutex> lock(mu_);
     room_cv_.notify_one();
   }

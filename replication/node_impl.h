@@ -540,8 +540,9 @@ class CommitPipeline {
   };
   // Flush for the queued commits of one tree.
   void FlushTree(const std::string& tree_name, std::vector<Queued*>& commits);
-  // Sets the outcome of `p` from its acks, sends the reply, releases its slot.
-  void Answer(PendingCommit& p);
+  // Sets the outcome of each of `commits` from its acks, sends their replies
+  // at once (Connection::SendBatch) and releases their slots.
+  void AnswerAll(const std::vector<PendingCommit*>& commits);
   void TimerLoop();
 
   Node::Impl& node_;
