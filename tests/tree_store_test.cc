@@ -263,6 +263,49 @@ TEST(TreeStore, ConcurrentCommitOpsBatchesAndSingleCommitsNeverConflict) {
   EXPECT_EQ((*reopened->Latest("t")).root()->attribute_count(), size_t{kAll});
 }
 
+TEST(TreeStore, ReadDeltasSinceGivesTheWalsRecordsWhetherRecentOrOld) {
+  TempDir tmp;
+  auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  // 300 commits of about 1 KiB: more than the store keeps in memory, so the
+  // old ones come from the WAL file and the newest from memory.
+  std::vector<std::string> written;
+  for (int i = 0; i < 300; ++i) {
+    auto r = store->CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
+    ASSERT_TRUE(r.ok());
+    written.push_back(r->encoded_delta);
+  }
+  auto all = store->ReadDeltasSince("t", 0);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, written);
+  for (uint64_t from : {0u, 100u, 250u, 295u, 299u}) {
+    auto some = store->ReadDeltasSince("t", from, 5000);
+    ASSERT_TRUE(some.ok()) << from << ": " << some.status().ToString();
+    ASSERT_FALSE(some->empty());
+    EXPECT_LE(some->size(), 5u);  // stops once max_bytes are collected
+    for (size_t i = 0; i < some->size(); ++i) EXPECT_EQ((*some)[i], written[from + i]) << from << "+" << i;
+  }
+  // A snapshot install replaces the history: nothing before it is served.
+  TempDir other;
+  auto source = OpenOrDie(other.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(source->CreateTree("t").ok());
+  for (int i = 0; i < 400; ++i) ASSERT_TRUE(source->CommitOps("t", PutRoot("s", std::to_string(i))).ok());
+  auto snapshot = source->Latest("t");
+  ASSERT_TRUE(snapshot.ok());
+  auto installer = store->BeginSnapshotInstall("t");
+  ASSERT_TRUE(installer.ok());
+  SnapshotWriter writer(*snapshot, 4096);
+  std::string chunk;
+  while (writer.NextInto(&chunk)) ASSERT_TRUE((*installer)->AddChunk(chunk).ok());
+  ASSERT_TRUE((*installer)->Finish().ok());
+  EXPECT_TRUE(store->ReadDeltasSince("t", 299).status().IsNotFound());
+  auto next = store->CommitOps("t", PutRoot("after", "install"));
+  ASSERT_TRUE(next.ok());
+  auto after = store->ReadDeltasSince("t", 400);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(*after, std::vector<std::string>{next->encoded_delta});
+}
+
 TEST(TreeStore, ConcurrentCommitOpsNeverConflict) {
   TempDir tmp;
   auto store = OpenOrDie(tmp.path(), Opts());

@@ -213,6 +213,34 @@ struct TreeState {
   // Pins on this tree's versions; shared with the VersionPins handed out.
   const std::shared_ptr<VersionPin::Table> pins = std::make_shared<VersionPin::Table>();
 
+  // The newest deltas as written to the WAL (new version, record), oldest
+  // first, consecutive and ending at latest, up to kRecentDeltaBytes: a
+  // replica stream that keeps up reads what it sends next from here instead
+  // of the WAL file. Emptied by a snapshot install; entries leave with the
+  // WAL segments that hold them, so it never holds a delta the WAL no
+  // longer does. Guarded by mu.
+  std::deque<std::pair<uint64_t, std::string>> recent;
+  size_t recent_bytes = 0;
+  // REQUIRES: mu held; `version` is latest + 1's record just written.
+  void RememberRecentLocked(uint64_t version, std::string_view record) {
+    if (!recent.empty() && recent.back().first + 1 != version) ForgetRecentLocked(UINT64_MAX);
+    recent.emplace_back(version, std::string(record));
+    recent_bytes += record.size();
+    while (recent_bytes > kRecentDeltaBytes || recent.size() > kRecentDeltas) {
+      recent_bytes -= recent.front().second.size();
+      recent.pop_front();
+    }
+  }
+  // Forgets the recent deltas up to `version`. REQUIRES: mu held.
+  void ForgetRecentLocked(uint64_t version) {
+    while (!recent.empty() && recent.front().first <= version) {
+      recent_bytes -= recent.front().second.size();
+      recent.pop_front();
+    }
+  }
+  static constexpr size_t kRecentDeltaBytes = 64u << 10;
+  static constexpr size_t kRecentDeltas = 256;
+
   // REQUIRES: mu held.
   uint64_t OldestRetainedLocked() const {
     return history.empty() ? latest.number() : history.front().version.number();
@@ -645,8 +673,11 @@ class StoreImpl final : public Store {
       }
       const SteadyTime now = std::chrono::steady_clock::now();
       uint64_t v = t.latest.number();
+      size_t record_begin = 0;
       for (const Built& b : built) {
         ++v;
+        t.RememberRecentLocked(v, std::string_view(records).substr(record_begin, b.record_end - record_begin));
+        record_begin = b.record_end;
         t.requests.Record(commits[b.index].request, v);
         t.history.push_back(RetainedVersion{std::move(t.latest), now});
         t.latest = Version(t.name, v, b.root);
@@ -752,6 +783,17 @@ class StoreImpl final : public Store {
     {
       std::lock_guard lk(t->mu);
       latest = t->latest.number();
+      if (version < latest && !t->recent.empty() && t->recent.front().first <= version + 1) {
+        // Served from memory: the same records the WAL holds (TreeState::recent).
+        std::vector<std::string> recent;
+        size_t bytes = 0;
+        for (auto it = t->recent.begin() + static_cast<std::ptrdiff_t>(version + 1 - t->recent.front().first);
+             it != t->recent.end() && bytes < max_bytes; ++it) {
+          recent.push_back(it->second);
+          bytes += it->second.size();
+        }
+        return recent;
+      }
       segments = t->wal->segments();
     }
     std::vector<std::string> out;
@@ -991,6 +1033,7 @@ class StoreImpl final : public Store {
     // The history before the snapshot went with the old directory.
     old_history.swap(t->history);
     t->requests.Clear();
+    t->ForgetRecentLocked(UINT64_MAX);
     t->latest = installed;
     t->synced = v.number();
     t->unsynced_bytes = 0;
@@ -1146,6 +1189,7 @@ class StoreImpl final : public Store {
                            " failed, the tree stays at version " + std::to_string(t.latest.number()));
     }
     uint64_t v = delta.new_version;
+    t.RememberRecentLocked(v, encoded);
     t.requests.Record(delta.request, v);
     const SteadyTime now = std::chrono::steady_clock::now();
     t.history.push_back(RetainedVersion{std::move(t.latest), now});
@@ -1291,6 +1335,7 @@ class StoreImpl final : public Store {
         break;
       }
     }
+    if (removed > 0) t.ForgetRecentLocked(segs[removed - 1].last_version);
     segs.erase(segs.begin(), segs.begin() + static_cast<std::ptrdiff_t>(removed));
     return first;
   }

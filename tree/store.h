@@ -361,10 +361,13 @@ class Store {
   // NotFound if the WAL no longer holds the delta right after `version`
   // (truncated after a checkpoint, or a snapshot was installed since);
   // InvalidArgument if `version` is newer than the newest version.
-  // Cost: a read that continues where an earlier one stopped (a replica
-  // stream asking for what follows the version it was last sent) starts at
-  // that WAL position, so it costs the deltas returned, not the segment; any
-  // other start scans its segment from the beginning.
+  // Cost: the newest deltas (about the last 64 KiB of them) are kept in
+  // memory as written, so a replica stream that keeps up reads no file; a
+  // read that continues where an earlier one stopped (a replica stream
+  // asking for what follows the version it was last sent) starts at that WAL
+  // position, so it costs the deltas returned, not the segment; any other
+  // start scans its segment from the beginning. The answer is the same
+  // whichever way it was read.
   virtual Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                            size_t max_bytes = 64 << 20) const = 0;
 
