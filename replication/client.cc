@@ -248,11 +248,14 @@ std::string Client::connected_uri() const {
 
 Result<std::shared_ptr<Client::Channel>> Client::ChannelTo(const std::string& uri,
                                                            std::chrono::milliseconds dial_timeout) {
+  std::shared_ptr<Channel> open;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = channels_.find(uri);
-    if (it != channels_.end() && !it->second->broken()) return it->second;
+    if (it != channels_.end()) open = it->second;
   }
+  // Looked at without mu_ (it may receive): other callers need not wait.
+  if (open && !open->broken()) return open;
   CANOPY_ASSIGN_OR_RETURN(auto ch, Channel::Open(uri, options_, name_,
                                                   dial_timeout.count() > 0 ? dial_timeout : options_.timeout));
   std::lock_guard<std::mutex> lock(mu_);
@@ -305,11 +308,14 @@ Result<CommitReply> Client::Commit(const CommitRequest& request) {
   }
   const Deadline deadline = Deadline::After(options_.timeout + std::chrono::milliseconds(req.timeout_ms));
   std::string target;
+  bool known_leader = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = leader_of_.find(req.tree);
-    target = it != leader_of_.end() ? it->second : uri_;
+    known_leader = it != leader_of_.end();
+    target = known_leader ? it->second : uri_;
   }
+  const std::string first_target = target;
   bool retried = false;
   int redirects = 0;
   while (true) {
@@ -328,7 +334,7 @@ Result<CommitReply> Client::Commit(const CommitRequest& request) {
       continue;
     }
     if (!options_.retry || retried || !Retryable(r, target) || deadline.expired()) {
-      if (r.ok() && r->status.code == StatusCode::kOk) {
+      if (r.ok() && r->status.code == StatusCode::kOk && (!known_leader || target != first_target)) {
         std::lock_guard<std::mutex> lock(mu_);
         leader_of_[req.tree] = target;
       }

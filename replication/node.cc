@@ -259,8 +259,9 @@ void Node::Impl::ServeConnection(transport::Connection& conn) {
 
 Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity& peer) {
   CommitPipeline commits(*this, conn);  // COMMITs run concurrently, replies in completion order
-  // COMMITs applied since the last Flush: they go to the replicas together
-  // once no further message is waiting (or after kCommitsPerFlush).
+  // COMMITs queued since the last Flush: they are applied together (one
+  // store batch per tree) and go to the replicas together once no further
+  // message is waiting (or after kCommitsPerFlush).
   uint32_t unflushed = 0;
   while (!stopping) {
     if (unflushed >= kCommitsPerFlush || (unflushed > 0 && !commits.unflushed())) {

@@ -71,22 +71,20 @@ uint32_t Node::Impl::CountAcksLocked(const std::string& tree_name, uint64_t vers
   return acks;
 }
 
-Result<tree::CommitResult> Node::Impl::ApplyCommit(const CommitRequest& req) {
+Result<tree::Store::OpsCommit> Node::Impl::ToOpsCommit(const CommitRequest& req) {
   if (req.client.size() > tree::kMaxRequestClientBytes) {
     return Status::InvalidArgument(fmt::format("request client id of {} bytes (at most {})", req.client.size(),
                                                tree::kMaxRequestClientBytes));
   }
-  std::vector<tree::Op> ops;
-  ops.reserve(req.edits.size());
+  tree::Store::OpsCommit c;
+  c.ops.reserve(req.edits.size());
   for (const Edit& e : req.edits) {
     CANOPY_ASSIGN_OR_RETURN(tree::Op op, ToOp(e));
-    ops.push_back(std::move(op));
+    c.ops.push_back(std::move(op));
   }
-  // One store call: the duplicate check, the base check and the commit are
-  // atomic under the tree's write lock, and concurrent commits on the tree
-  // never conflict with each other (each applies to the newest version).
-  return store->CommitOps(req.tree, std::move(ops), tree::RequestId{req.client, req.sequence},
-                          req.base_version);
+  c.request = tree::RequestId{req.client, req.sequence};
+  c.base_version = req.base_version;
+  return c;
 }
 
 std::vector<std::string> Node::Impl::ReplicaSetLocked(const std::string& tree_name) const {
@@ -168,7 +166,19 @@ void Node::Impl::ClaimPendingLocked(std::shared_ptr<PendingCommit> p, std::optio
 }
 
 void Node::Impl::FinishCommits(PendingCommits& claimed) {
-  for (auto& p : claimed) p->pipeline->Answer(*p);
+  // One write per connection for the replies this ACK completed.
+  std::vector<PendingCommit*> same;
+  for (size_t i = 0; i < claimed.size(); ++i) {
+    CommitPipeline* pipeline = claimed[i]->pipeline;
+    bool first = true;
+    for (size_t j = 0; j < i && first; ++j) first = claimed[j]->pipeline != pipeline;
+    if (!first) continue;
+    same.clear();
+    for (size_t j = i; j < claimed.size(); ++j) {
+      if (claimed[j]->pipeline == pipeline) same.push_back(claimed[j].get());
+    }
+    pipeline->AnswerAll(same);
+  }
   std::lock_guard<std::mutex> lock(mu);
   for (auto& p : claimed) {
     CommitPipeline& pipeline = *p->pipeline;
@@ -180,16 +190,11 @@ void Node::Impl::FinishCommits(PendingCommits& claimed) {
 // ---- CommitPipeline (node_impl.h)
 
 CommitPipeline::~CommitPipeline() {
-  Flush();  // commits applied here go out to the replicas whatever ended the connection
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    closing_ = true;  // queued commits are dropped: their client is gone
-  }
-  work_cv_.notify_all();
-  room_cv_.notify_all();
-  for (auto& w : workers_) w.join();
-  // Pending commits: answered now with the acks they have (as a stopping
-  // node did before), and replies other threads are sending waited for.
+  // Queued commits are dropped: never applied nor answered, their client is
+  // gone (a retry elsewhere carries the same request id). Pending commits:
+  // answered now with the acks they have (as a stopping node did before),
+  // and replies other threads are sending waited for.
+  queued_.clear();
   PendingCommits orphans;
   {
     std::unique_lock<std::mutex> lock(node_.mu);
@@ -202,7 +207,9 @@ CommitPipeline::~CommitPipeline() {
     }
     timer_cv_.notify_all();
   }
-  for (auto& p : orphans) Answer(*p);
+  std::vector<PendingCommit*> orphaned;
+  for (auto& p : orphans) orphaned.push_back(p.get());
+  AnswerAll(orphaned);
   {
     std::unique_lock<std::mutex> lock(node_.mu);
     timer_cv_.wait(lock, [&] { return answering_ == 0; });
@@ -214,129 +221,139 @@ void CommitPipeline::Submit(CommitRequest req) {
   if (in_flight_.load() >= kMaxCommitsInFlight) {
     Flush();  // what we wait for may need them
     std::unique_lock<std::mutex> lock(mu_);
-    room_cv_.wait(lock, [&] { return in_flight_.load() < kMaxCommitsInFlight || closing_; });
+    room_cv_.wait(lock, [&] { return in_flight_.load() < kMaxCommitsInFlight; });
   }
   ++in_flight_;
-  auto now = Clock::now();
-  if (!inline_ && now >= worker_until_) {
-    std::lock_guard<std::mutex> lock(mu_);
-    inline_ = queue_.empty();  // back to inline once the workers drained what they had
-  }
-  if (inline_) {
-    Start(std::move(req), /*defer_push=*/true);
-    if (Clock::now() - now > kInlineApplyLimit) {
-      inline_ = false;
-      worker_until_ = Clock::now() + kWorkerSpell;
-    }
-    return;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  queue_.push_back(std::move(req));
-  if (queue_.size() > idle_) {
-    ++idle_;  // the new worker counts as idle until it takes a commit
-    workers_.emplace_back([this] { Work(); });
-  } else {
-    work_cv_.notify_one();
-  }
+  const auto timeout = std::chrono::milliseconds(req.timeout_ms);
+  queued_.push_back(Queued{std::move(req), Clock::now(), Deadline::After(timeout)});
 }
 
 void CommitPipeline::Flush() {
-  for (const auto& tree_name : unpushed_trees_) {
-    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
-    {
-      std::lock_guard<std::mutex> lock(node_.mu);
-      streams = node_.DirectStreamsLocked(tree_name);
+  if (queued_.empty()) return;
+  std::vector<Queued> batch;
+  batch.swap(queued_);
+  // Per tree, in arrival order (clients expect their own commits in order).
+  std::vector<std::pair<std::string, std::vector<Queued*>>> trees;
+  for (Queued& q : batch) {
+    auto it = std::find_if(trees.begin(), trees.end(), [&](const auto& t) { return t.first == q.req.tree; });
+    if (it == trees.end()) {
+      trees.emplace_back(q.req.tree, std::vector<Queued*>{});
+      it = std::prev(trees.end());
     }
-    node_.PushCommit(tree_name, streams);
+    it->second.push_back(&q);
   }
-  unpushed_trees_.clear();
+  for (auto& [tree_name, commits] : trees) FlushTree(tree_name, commits);
 }
 
-void CommitPipeline::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    work_cv_.wait(lock, [&] { return !queue_.empty() || closing_; });
-    if (closing_) break;
-    CommitRequest req = std::move(queue_.front());
-    queue_.pop_front();
-    --idle_;
-    lock.unlock();
-    Start(std::move(req));
-    lock.lock();
-    ++idle_;
-  }
-  --idle_;
-}
-
-void CommitPipeline::Start(CommitRequest req, bool defer_push) {
-  auto p = std::make_shared<PendingCommit>();
-  p->pipeline = this;
-  p->started = Clock::now();
-  p->reply.sequence = req.sequence;
-  if (node_.NotLeader(req.tree, &p->reply.status, &p->reply.leader)) {
-    if (!SendMessage(conn_, p->reply).ok()) conn_.Close();  // the reader sees it and ends the connection
-    if (in_flight_.fetch_sub(1) >= kMaxCommitsInFlight) {
-      std::lock_guard<std::mutex> lock(mu_);
-      room_cv_.notify_one();
+void CommitPipeline::FlushTree(const std::string& tree_name, std::vector<Queued*>& commits) {
+  PendingCommits answer_now;  // decided without acks to wait for
+  PendingCommits applied;     // parallel to `ops`
+  std::vector<tree::Store::OpsCommit> ops;
+  StatusReplyFields not_leader;
+  std::string leader_uri;
+  const bool redirect = node_.NotLeader(tree_name, &not_leader, &leader_uri);
+  for (Queued* q : commits) {
+    auto p = std::make_shared<PendingCommit>();
+    p->pipeline = this;
+    p->started = q->arrived;
+    p->reply.sequence = q->req.sequence;
+    p->tree = tree_name;
+    p->level = q->req.level;
+    p->deadline = q->deadline;
+    if (redirect) {
+      p->reply.status = not_leader;
+      p->reply.leader = leader_uri;
+      answer_now.push_back(std::move(p));
+      continue;
     }
-    return;
-  }
-  p->tree = req.tree;
-  p->level = req.level;
-  p->deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
-  auto committed = node_.ApplyCommit(req);
-  if (!committed.ok()) {
-    p->reply.status = StatusReplyFields::From(committed.status());
-    p->need = 0;
-    Answer(*p);
-    return;
-  }
-  p->reply.version = committed->version;
-  p->reply.duplicate = committed->duplicate;
-  if (!committed->duplicate && defer_push) {
-    unpushed_trees_.insert(req.tree);
-  } else if (!committed->duplicate) {
-    // Out to the replicas from this thread where the stream is idle.
-    std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
-    {
-      std::lock_guard<std::mutex> lock(node_.mu);
-      streams = node_.DirectStreamsLocked(req.tree);
+    auto c = node_.ToOpsCommit(q->req);
+    if (!c.ok()) {
+      p->reply.status = StatusReplyFields::From(c.status());
+      answer_now.push_back(std::move(p));
+      continue;
     }
-    node_.PushCommit(req.tree, streams);
+    ops.push_back(std::move(*c));
+    applied.push_back(std::move(p));
   }
-  {
+  bool pushed_any = false;
+  if (!ops.empty()) {
+    auto results = node_.store->CommitOpsBatch(tree_name, std::move(ops));
+    for (size_t i = 0; i < applied.size(); ++i) {
+      PendingCommit& p = *applied[i];
+      if (!results[i].ok()) {
+        p.reply.status = StatusReplyFields::From(results[i].status());
+        continue;
+      }
+      p.reply.version = results[i]->version;
+      p.reply.duplicate = results[i]->duplicate;
+      pushed_any |= !results[i]->duplicate;
+    }
+  }
+  std::vector<std::pair<std::shared_ptr<StreamSender>, uint64_t>> streams;
+  if (!applied.empty()) {
     std::lock_guard<std::mutex> lock(node_.mu);
-    p->owners = node_.ReplicaSetLocked(req.tree);
-    p->need = RequiredAcks(req.level, static_cast<uint32_t>(p->owners.size()));
-    p->acks = node_.CountAcksLocked(req.tree, p->reply.version, p->owners);
-    if (p->acks < p->need && !p->deadline.expired() && !node_.stopping && !timer_closing_) {
-      p->in_tree = node_.pending_commits[req.tree].emplace(p->reply.version, p);
+    if (pushed_any) streams = node_.DirectStreamsLocked(tree_name);
+    const std::vector<std::string> owners = node_.ReplicaSetLocked(tree_name);
+    bool new_earliest = false;
+    for (auto& p : applied) {
+      if (p->reply.status.code != StatusCode::kOk) {
+        answer_now.push_back(std::move(p));
+        continue;
+      }
+      p->owners = owners;
+      p->need = RequiredAcks(p->level, static_cast<uint32_t>(owners.size()));
+      p->acks = node_.CountAcksLocked(tree_name, p->reply.version, owners);
+      if (p->acks >= p->need || p->deadline.expired() || node_.stopping || timer_closing_) {
+        answer_now.push_back(std::move(p));
+        continue;
+      }
+      // Answered by the ACK that satisfies it, or by the timer.
+      p->in_tree = node_.pending_commits[tree_name].emplace(p->reply.version, p);
       p->in_pipeline = by_deadline_.emplace(p->deadline.at(), p);
+      new_earliest |= p->in_pipeline == by_deadline_.begin();
+    }
+    if (!by_deadline_.empty()) {
       if (!timer_.joinable()) {
         timer_ = std::thread([this] { TimerLoop(); });
-      } else if (p->in_pipeline == by_deadline_.begin() ||
-                 node_.store->options().fsync == tree::FsyncPolicy::kBatch) {
+      } else if (new_earliest || node_.store->options().fsync == tree::FsyncPolicy::kBatch) {
         timer_cv_.notify_one();  // a new earliest deadline (or a batch policy to poll)
       }
-      return;  // answered by the ACK that satisfies it, or by the timer
     }
   }
-  Answer(*p);
+  // Out to the replicas from this thread where the stream is idle (one
+  // frame per replica for the whole batch), then the decided replies.
+  if (pushed_any) node_.PushCommit(tree_name, streams);
+  std::vector<PendingCommit*> decided;
+  for (auto& p : answer_now) {
+    if (p->reply.status.code != StatusCode::kOk) p->need = 0;
+    decided.push_back(p.get());
+  }
+  AnswerAll(decided);
 }
 
-void CommitPipeline::Answer(PendingCommit& p) {
-  CommitReply& reply = p.reply;
-  if (reply.status.code == StatusCode::kOk) {
-    reply.acks = p.acks;
-    if (p.acks < p.need) {
-      reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
-          "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
-          reply.version, p.tree, p.acks, p.need, ConsistencyLevelName(p.level))));
+void CommitPipeline::AnswerAll(const std::vector<PendingCommit*>& commits) {
+  if (commits.empty()) return;
+  std::vector<std::string> encoded;
+  encoded.reserve(commits.size());
+  const auto now = Clock::now();
+  for (PendingCommit* p : commits) {
+    CommitReply& reply = p->reply;
+    if (reply.status.code == StatusCode::kOk) {
+      reply.acks = p->acks;
+      if (p->acks < p->need) {
+        reply.status = StatusReplyFields::From(Status::Timeout(fmt::format(
+            "version {} of {} is committed on the leader but only {} of the {} replicas needed for {} hold it",
+            reply.version, p->tree, p->acks, p->need, ConsistencyLevelName(p->level))));
+      }
     }
+    node_.metrics->Commit(p->level, reply.status.code, now - p->started);
+    encoded.push_back(Encode(reply));
   }
-  node_.metrics->Commit(p.level, reply.status.code, Clock::now() - p.started);
-  if (!SendMessage(conn_, reply).ok()) conn_.Close();  // the reader sees it and ends the connection
-  if (in_flight_.fetch_sub(1) >= kMaxCommitsInFlight) {
+  std::vector<std::string_view> payloads(encoded.begin(), encoded.end());
+  if (!conn_.SendBatch(static_cast<uint16_t>(MessageType::kCommitReply), payloads).ok()) {
+    conn_.Close();  // the reader sees it and ends the connection
+  }
+  if (in_flight_.fetch_sub(commits.size()) >= kMaxCommitsInFlight) {  // the reader may wait for room
     std::lock_guard<std::mutex> lock(mu_);
     room_cv_.notify_one();
   }

@@ -93,15 +93,9 @@ inline constexpr uint32_t kMaxSliceChildren = 4096;
 inline constexpr size_t kMaxIdlePeerClients = 16;
 // Incoming connections served at once; more are refused with ERROR.
 inline constexpr int kMaxServedConnections = 1024;
-// COMMITs one connection may have queued, running or waiting for acks at
-// once; the connection's reader waits (stops reading) while that many are.
+// COMMITs one connection may have queued or waiting for acks at once; the
+// connection's reader waits (stops reading) while that many are.
 inline constexpr size_t kMaxCommitsInFlight = 256;
-// A connection's reader applies its COMMITs itself (no hand-off) while one
-// apply takes less than this; a slower one (a real fsync) moves the
-// connection's commits to worker threads, so that they share WAL syncs,
-// for kWorkerSpell before it tries again.
-inline constexpr std::chrono::microseconds kInlineApplyLimit{2000};
-inline constexpr std::chrono::milliseconds kWorkerSpell{1000};
 
 // A committer sends its commit on the tree's leader streams itself (no
 // wake-up of their threads) while a stream is idle and the bytes sent on it
@@ -112,8 +106,10 @@ inline constexpr std::chrono::milliseconds kWorkerSpell{1000};
 inline constexpr size_t kDirectSendBytes = 16u << 10;
 inline constexpr uint64_t kDirectUnackedBytes = 64u << 10;
 
-// A connection's reader sends the commits it applied to the replicas once
-// no further message is waiting, or after this many.
+// A connection's reader queues the COMMITs that arrive together and applies
+// them (one Store::CommitOpsBatch per tree: one lock hold, one WAL write, one
+// sync) and sends them to the replicas (one frame per replica) once no
+// further message is waiting, or after this many.
 inline constexpr uint32_t kCommitsPerFlush = 32;
 // A replica ACKs once no further message is waiting, or after this many
 // applied DELTA / DELTA_BATCH messages.
@@ -463,9 +459,10 @@ struct Node::Impl {
   void ClaimPendingLocked(std::shared_ptr<PendingCommit> p, std::optional<uint32_t> acks = std::nullopt);
   // Sends the replies of claimed commits (without mu).
   void FinishCommits(PendingCommits& claimed);
-  // Commits `req` on the leader (once, whatever retries: the request id is
-  // checked atomically by the store), or returns its status.
-  Result<tree::CommitResult> ApplyCommit(const CommitRequest& req);
+  // `req` as the store's commit of it (its edits as ops, its request id), or
+  // InvalidArgument. Applied with Store::CommitOpsBatch, which checks the
+  // request id atomically (once, whatever retries).
+  Result<tree::Store::OpsCommit> ToOpsCommit(const CommitRequest& req);
   ReadReply HandleRead(const ReadRequest& req);
   StatusReply HandleStatus();
   void FillStatusLocked(StatusReply* out, std::vector<tree::Version>* latest);
@@ -499,18 +496,22 @@ struct Node::Impl {
 };
 
 // The COMMITs in flight on one connection (node_client.cc). The
-// connection's reader Submits each as it arrives. A commit is applied
-// (ApplyCommit) by the reader itself while applies are quick, else by worker
-// threads started on demand (so that slow WAL syncs are shared); then, if
-// its consistency level is not reached yet, it becomes a PendingCommit and
-// no thread waits for it: the ACK that satisfies it sends its reply from the
-// ACK receiver's thread, and the pipeline's timer thread answers those whose
-// time runs out (Timeout with the acks they have) — in any order, each reply
-// carrying its request's sequence. Connection::Send is thread safe, so
-// replies of other requests go out from the reader meanwhile.
-// Thread safety: Submit from the reader thread only; the destructor (on the
-// reader thread) drops queued commits, answers pending ones with what they
-// have, and waits for every reply in flight.
+// connection's reader Submits each as it arrives and Flushes once no
+// further message is waiting: the queued commits are applied together, per
+// tree in arrival order with one Store::CommitOpsBatch (one hold of the
+// tree's lock, one WAL write, one sync; a slow disk's sync thus covers every
+// commit that arrived meanwhile), and pushed to the replicas together. Then
+// a commit whose consistency level is not reached yet becomes a
+// PendingCommit and no thread waits for it: the ACK that satisfies it sends
+// its reply from the ACK receiver's thread, and the pipeline's timer thread
+// answers those whose time runs out (Timeout with the acks they have) — in
+// any order, each reply carrying its request's sequence. Connection::Send is
+// thread safe, so replies of other requests go out from the reader
+// meanwhile.
+// Thread safety: Submit and Flush from the reader thread only; the
+// destructor (on the reader thread) drops queued commits (never applied nor
+// answered: their client is gone), answers pending ones with what they have,
+// and waits for every reply in flight.
 class CommitPipeline {
  public:
   CommitPipeline(Node::Impl& node, transport::Connection& conn) : node_(node), conn_(conn) {}
@@ -518,43 +519,39 @@ class CommitPipeline {
   CommitPipeline(const CommitPipeline&) = delete;
   CommitPipeline& operator=(const CommitPipeline&) = delete;
 
-  // Applies or queues `req`; waits while kMaxCommitsInFlight are in flight.
-  // A failed reply send closes the connection (the reader then sees it).
-  // A commit the reader applied itself goes out to the replicas at the
-  // next Flush, so that commits that arrived together travel together (one
-  // DELTA_BATCH, one WAL sync and one ACK per replica).
+  // Queues `req` until the next Flush; first, while kMaxCommitsInFlight
+  // are in flight, flushes and waits for replies. A failed reply send closes
+  // the connection (the reader then sees it).
   void Submit(CommitRequest req);
-  // True while commits applied by Submit wait for Flush.
-  bool unflushed() const { return !unpushed_trees_.empty(); }
-  // Sends the commits Submit applied to the trees' replicas (reader only;
-  // call before waiting for the next message).
+  // True while Submitted commits wait for Flush.
+  bool unflushed() const { return !queued_.empty(); }
+  // Applies the queued commits (one store batch per tree), answers those
+  // already decided, registers the others as pending and sends the new
+  // deltas to the trees' replicas (reader only; call before waiting for
+  // the next message).
   void Flush();
 
  private:
   friend struct Node::Impl;
-  // Applies `req` and answers it, or registers it as pending; its delta is
-  // pushed to the replicas now, or (defer_push) at the next Flush.
-  void Start(CommitRequest req, bool defer_push = false);
-  // Sets the outcome of `p` from its acks, sends the reply, releases its slot.
-  void Answer(PendingCommit& p);
-  void Work();
+  struct Queued {
+    CommitRequest req;
+    Clock::time_point arrived;
+    Deadline deadline;  // from its arrival
+  };
+  // Flush for the queued commits of one tree.
+  void FlushTree(const std::string& tree_name, std::vector<Queued*>& commits);
+  // Sets the outcome of each of `commits` from its acks, sends their replies
+  // at once (Connection::SendBatch) and releases their slots.
+  void AnswerAll(const std::vector<PendingCommit*>& commits);
   void TimerLoop();
 
   Node::Impl& node_;
   transport::Connection& conn_;
   std::atomic<size_t> in_flight_{0};  // submitted, not yet answered
-  // Reader only: apply inline, or on workers until worker_until_.
-  bool inline_ = true;
-  Clock::time_point worker_until_{};
-  std::set<std::string> unpushed_trees_;  // reader only: applied by Submit, not pushed yet
+  std::vector<Queued> queued_;        // reader only: submitted, not flushed yet
 
-  std::mutex mu_;  // guards the worker fields below; never held with node_.mu
-  std::condition_variable work_cv_;  // queue_ gained an item, or closing_
-  std::condition_variable room_cv_;  // in_flight_ dropped below the limit, or closing_
-  std::list<CommitRequest> queue_;
-  size_t idle_ = 0;  // workers waiting for work
-  bool closing_ = false;
-  std::vector<std::thread> workers_;
+  std::mutex mu_;                    // for room_cv_; never held with node_.mu
+  std::condition_variable room_cv_;  // in_flight_ dropped below the limit
 
   // Guarded by node_.mu:
   std::multimap<Clock::time_point, std::shared_ptr<PendingCommit>> by_deadline_;  // registered ones

@@ -211,6 +211,26 @@ TEST_P(TransportConformanceTest, KeepsManyMessagesInOrder) {
   EXPECT_EQ(pair->server->stats().messages_received, kCount);
 }
 
+TEST_P(TransportConformanceTest, SendBatchDeliversLikeConsecutiveSends) {
+  auto pair = ConnectPair();
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  // More than one write's worth on TCP (64 frames), an empty payload among them.
+  constexpr uint32_t kCount = 150;
+  std::vector<std::string> payloads;
+  for (uint32_t i = 0; i < kCount; ++i) payloads.push_back(i == 3 ? std::string() : IndexedPayload(i, (i * 53) % 3000));
+  std::vector<std::string_view> views(payloads.begin(), payloads.end());
+  Worker sender([&]() -> Status {
+    CANOPY_RETURN_IF_ERROR(pair->client->SendBatch(9, views));
+    CANOPY_RETURN_IF_ERROR(pair->client->SendBatch(9, {}));
+    return pair->client->Send(10, "after");
+  });
+  for (uint32_t i = 0; i < kCount; ++i) ASSERT_TRUE(ReceiveExpected(*pair->server, 9, payloads[i])) << "message " << i;
+  ASSERT_TRUE(ReceiveExpected(*pair->server, 10, "after"));
+  ASSERT_TRUE(sender.Join().ok());
+  EXPECT_EQ(pair->client->stats().messages_sent, kCount + 1);
+  EXPECT_EQ(pair->server->stats().messages_received, kCount + 1);
+}
+
 TEST_P(TransportConformanceTest, CarriesPayloadsFromOneByteTo64MiB) {
   auto pair = ConnectPair();
   ASSERT_TRUE(pair.ok()) << pair.status().ToString();

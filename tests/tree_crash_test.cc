@@ -228,6 +228,70 @@ TEST(TreeCrash, FileSizeLimitGivesResourceExhaustedAndTheStoreStaysReadable) {
   EXPECT_TRUE((*store)->Checkpoint("t").ok());
 }
 
+TEST(TreeCrash, ABatchThatDoesNotFitIsNotAppliedAtAll) {
+  TempDir tmp;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  // Batches of 4 commits of 1000 bytes under a 64 KiB file size limit: the
+  // batch that does not fit fails whole, and nothing of it is applied.
+  pid_t pid = testing::ForkChild([&]() -> int {
+    ::close(fds[0]);
+    ::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim {
+      64 << 10, 64 << 10
+    };
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 30;
+    StoreOptions o;
+    o.checkpoint_every_commits = 0;
+    o.wal_segment_bytes = 1 << 30;
+    auto store = Store::Open(tmp.path(), o);
+    if (!store.ok()) return 10;
+    if (!(*store)->CreateTree("t").ok()) return 11;
+    for (int b = 0; b < 1000; ++b) {
+      const uint64_t before = *(*store)->LatestVersion("t");
+      std::vector<Store::OpsCommit> batch;
+      for (int i = 0; i < 4; ++i) {
+        batch.push_back(Store::OpsCommit{{Op::PutAttribute({}, "k" + std::to_string(before + i), std::string(1000, 'v'))}, {}, 0});
+      }
+      auto results = (*store)->CommitOpsBatch("t", std::move(batch));
+      if (results.size() != 4) return 12;
+      if (results[0].ok()) {
+        for (auto& r : results) {
+          if (!r.ok()) return 13;  // all or nothing
+        }
+        continue;
+      }
+      for (auto& r : results) {
+        if (r.status().code() != StatusCode::kResourceExhausted) return 14;
+      }
+      if (*(*store)->LatestVersion("t") != before) return 15;
+      if ((*store)->Latest("t")->root()->attribute_count() != before) return 16;
+      char buf[8];
+      EncodeFixed64(buf, before);
+      if (::write(fds[1], buf, 8) != 8) return 20;
+      return 0;
+    }
+    return 17;  // never full
+  });
+  ::close(fds[1]);
+  int status = testing::WaitChild(pid, std::chrono::seconds(60));
+  char buf[8];
+  bool got = ::read(fds[0], buf, 8) == 8;
+  ::close(fds[0]);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ASSERT_TRUE(got);
+  const uint64_t last_good = DecodeFixed64(buf);
+  EXPECT_EQ(last_good % 4, 0u);
+  // Reopened without the limit: exactly the last good version, every key of it.
+  auto store = Store::Open(tmp.path(), StoreOptions{});
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto v = (*store)->Latest("t");
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v->number(), last_good);
+  EXPECT_EQ(v->root()->attribute_count(), last_good);
+  EXPECT_TRUE((*store)->CommitOps("t", {Op::PutAttribute({}, "after", "x")}).ok());
+}
+
 TEST(TreeCrash, FullTmpfsGivesResourceExhaustedAndTheStoreStaysReadable) {
   TempDir tmp;
   int fds[2];

@@ -128,6 +128,184 @@ TEST(TreeStore, CommitOpsAppliesOnTheNewestVersionAndChecksAnExpectedBase) {
   EXPECT_TRUE(store->CommitOps("missing", PutRoot("a", "1")).status().IsNotFound());
 }
 
+Store::OpsCommit Put(const std::string& key, const std::string& value, RequestId id = {}, uint64_t base = 0) {
+  return Store::OpsCommit{PutRoot(key, value), std::move(id), base};
+}
+
+TEST(TreeStore, CommitOpsBatchAppliesEachCommitInOrderWithOneWalWrite) {
+  TempDir tmp;
+  std::vector<std::string> encoded;
+  {
+    auto store = OpenOrDie(tmp.path(), Opts());
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    ASSERT_TRUE(store->CommitOps("t", PutRoot("before", "x")).ok());
+    std::vector<Store::OpsCommit> batch;
+    for (int i = 0; i < 5; ++i) batch.push_back(Put("k" + std::to_string(i), "v" + std::to_string(i)));
+    auto results = store->CommitOpsBatch("t", std::move(batch));
+    ASSERT_EQ(results.size(), 5u);
+    for (size_t i = 0; i < results.size(); ++i) {
+      ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+      EXPECT_EQ(results[i]->version, 2 + i);
+      EXPECT_FALSE(results[i]->duplicate);
+      encoded.push_back(results[i]->encoded_delta);
+    }
+    EXPECT_EQ(*store->LatestVersion("t"), 6u);
+    EXPECT_EQ(*store->DurableVersion("t"), 6u);  // kAlways: synced on return
+    // Every version of the batch is readable on its own, each with what it added.
+    for (uint64_t v = 2; v <= 6; ++v) {
+      auto at = store->At("t", v);
+      ASSERT_TRUE(at.ok()) << at.status().ToString();
+      EXPECT_EQ(at->root()->attribute_count(), v);
+      EXPECT_EQ(at->root()->attribute("k" + std::to_string(v - 2)), "v" + std::to_string(v - 2));
+    }
+    // The WAL holds them as single commits would: one record per version.
+    auto deltas = store->ReadDeltasSince("t", 1);
+    ASSERT_TRUE(deltas.ok()) << deltas.status().ToString();
+    EXPECT_EQ(*deltas, encoded);
+    auto tail = store->ReadDeltasSince("t", 4);
+    ASSERT_TRUE(tail.ok());
+    EXPECT_EQ(*tail, std::vector<std::string>(encoded.begin() + 3, encoded.end()));
+  }
+  // A reopen recovers them all.
+  auto reopened = OpenOrDie(tmp.path(), Opts());
+  auto latest = reopened->Latest("t");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->number(), 6u);
+  EXPECT_EQ(latest->root()->attribute("k4"), "v4");
+  EXPECT_EQ(latest->root()->attribute("before"), "x");
+  // An empty batch is no commit.
+  EXPECT_TRUE(reopened->CommitOpsBatch("t", {}).empty());
+  EXPECT_EQ(*reopened->LatestVersion("t"), 6u);
+}
+
+TEST(TreeStore, CommitOpsBatchFailsCommitsOneByOneAndKnowsItsOwnRequestIds) {
+  TempDir tmp;
+  auto store = OpenOrDie(tmp.path(), Opts());
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  const RequestId old_id{"client-b", 1}, new_id{"client-b", 2};
+  ASSERT_TRUE(store->CommitOps("t", PutRoot("a", "1"), old_id).ok());  // version 1
+  std::vector<Store::OpsCommit> batch;
+  batch.push_back(Put("b", "2", new_id));                             // 2
+  batch.push_back(Store::OpsCommit{{Op::DeleteAttribute({}, "nope")}, {}, 0});  // InvalidArgument
+  batch.push_back(Put("c", "3", {}, 1));                              // stale base: Conflict
+  batch.push_back(Put("d", "4", {}, 2));                              // base 2 is the newest by now: 3
+  batch.push_back(Put("a", "again", old_id));                         // duplicate of version 1
+  batch.push_back(Put("b", "again", new_id));                         // duplicate within the batch: 2
+  auto results = store->CommitOpsBatch("t", std::move(batch));
+  ASSERT_EQ(results.size(), 6u);
+  ASSERT_TRUE(results[0].ok());
+  EXPECT_EQ(results[0]->version, 2u);
+  EXPECT_EQ(results[1].status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(results[2].status().IsConflict());
+  ASSERT_TRUE(results[3].ok()) << results[3].status().ToString();
+  EXPECT_EQ(results[3]->version, 3u);
+  ASSERT_TRUE(results[4].ok());
+  EXPECT_TRUE(results[4]->duplicate);
+  EXPECT_EQ(results[4]->version, 1u);
+  ASSERT_TRUE(results[5].ok());
+  EXPECT_TRUE(results[5]->duplicate);
+  EXPECT_EQ(results[5]->version, 2u);
+  auto latest = store->Latest("t");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->number(), 3u);
+  EXPECT_EQ(latest->root()->attribute("a"), "1");
+  EXPECT_EQ(latest->root()->attribute("b"), "2");
+  EXPECT_FALSE(latest->root()->attribute("c").has_value());
+  EXPECT_EQ(latest->root()->attribute("d"), "4");
+  // The batch's ids are remembered like any commit's.
+  auto retry = store->CommitOps("t", PutRoot("b", "later"), new_id);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_TRUE(retry->duplicate);
+  EXPECT_EQ(retry->version, 2u);
+  // An unknown tree fails every commit.
+  std::vector<Store::OpsCommit> lost;
+  lost.push_back(Put("x", "1"));
+  lost.push_back(Put("y", "2"));
+  auto missing = store->CommitOpsBatch("missing", std::move(lost));
+  ASSERT_EQ(missing.size(), 2u);
+  EXPECT_TRUE(missing[0].status().IsNotFound());
+  EXPECT_TRUE(missing[1].status().IsNotFound());
+}
+
+TEST(TreeStore, ConcurrentCommitOpsBatchesAndSingleCommitsNeverConflict) {
+  TempDir tmp;
+  auto store = OpenOrDie(tmp.path(), Opts());
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  constexpr int kThreads = 4, kBatches = 20, kEach = 5;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&, k] {
+      for (int b = 0; b < kBatches; ++b) {
+        std::string prefix = std::to_string(k) + "/" + std::to_string(b) + "/";
+        if (k % 2 == 0) {
+          std::vector<Store::OpsCommit> batch;
+          for (int i = 0; i < kEach; ++i) batch.push_back(Put(prefix + std::to_string(i), "v"));
+          for (auto& r : store->CommitOpsBatch("t", std::move(batch))) failures += !r.ok();
+        } else {
+          for (int i = 0; i < kEach; ++i) failures += !store->CommitOps("t", PutRoot(prefix + std::to_string(i), "v")).ok();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  constexpr uint64_t kAll = kThreads * kBatches * kEach;
+  EXPECT_EQ(*store->LatestVersion("t"), kAll);
+  EXPECT_EQ(*store->DurableVersion("t"), kAll);
+  EXPECT_EQ((*store->Latest("t")).root()->attribute_count(), size_t{kAll});
+  // The WAL is one record per version, in order, and a reopen agrees.
+  auto deltas = store->ReadDeltasSince("t", 0);
+  ASSERT_TRUE(deltas.ok());
+  EXPECT_EQ(deltas->size(), size_t{kAll});
+  store.reset();
+  auto reopened = OpenOrDie(tmp.path(), Opts());
+  EXPECT_EQ((*reopened->Latest("t")).root()->attribute_count(), size_t{kAll});
+}
+
+TEST(TreeStore, ReadDeltasSinceGivesTheWalsRecordsWhetherRecentOrOld) {
+  TempDir tmp;
+  auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  // 300 commits of about 1 KiB: more than the store keeps in memory, so the
+  // old ones come from the WAL file and the newest from memory.
+  std::vector<std::string> written;
+  for (int i = 0; i < 300; ++i) {
+    auto r = store->CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
+    ASSERT_TRUE(r.ok());
+    written.push_back(r->encoded_delta);
+  }
+  auto all = store->ReadDeltasSince("t", 0);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(*all, written);
+  for (uint64_t from : {0u, 100u, 250u, 295u, 299u}) {
+    auto some = store->ReadDeltasSince("t", from, 5000);
+    ASSERT_TRUE(some.ok()) << from << ": " << some.status().ToString();
+    ASSERT_FALSE(some->empty());
+    EXPECT_LE(some->size(), 5u);  // stops once max_bytes are collected
+    for (size_t i = 0; i < some->size(); ++i) EXPECT_EQ((*some)[i], written[from + i]) << from << "+" << i;
+  }
+  // A snapshot install replaces the history: nothing before it is served.
+  TempDir other;
+  auto source = OpenOrDie(other.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(source->CreateTree("t").ok());
+  for (int i = 0; i < 400; ++i) ASSERT_TRUE(source->CommitOps("t", PutRoot("s", std::to_string(i))).ok());
+  auto snapshot = source->Latest("t");
+  ASSERT_TRUE(snapshot.ok());
+  auto installer = store->BeginSnapshotInstall("t");
+  ASSERT_TRUE(installer.ok());
+  SnapshotWriter writer(*snapshot, 4096);
+  std::string chunk;
+  while (writer.NextInto(&chunk)) ASSERT_TRUE((*installer)->AddChunk(chunk).ok());
+  ASSERT_TRUE((*installer)->Finish().ok());
+  EXPECT_TRUE(store->ReadDeltasSince("t", 299).status().IsNotFound());
+  auto next = store->CommitOps("t", PutRoot("after", "install"));
+  ASSERT_TRUE(next.ok());
+  auto after = store->ReadDeltasSince("t", 400);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(*after, std::vector<std::string>{next->encoded_delta});
+}
+
 TEST(TreeStore, ConcurrentCommitOpsNeverConflict) {
   TempDir tmp;
   auto store = OpenOrDie(tmp.path(), Opts());

@@ -150,6 +150,20 @@ class Connection {
   // Sends one message. Blocks while the backend's in-flight bound is reached.
   virtual Status Send(uint16_t type, std::string_view payload) = 0;
 
+  // Sends messages of `type` with these payloads, in order, exactly as
+  // consecutive Send calls would (the receiver cannot tell the difference),
+  // but a backend may write them at once (TCP: one sendmsg), and no other
+  // sender's message comes between them on backends that override it. On an
+  // error, the messages before the failing one may have been sent; the
+  // error is what that Send would have returned. The default calls Send.
+  virtual Status SendBatch(uint16_t type, const std::vector<std::string_view>& payloads) {
+    for (std::string_view p : payloads) {
+      Status s = Send(type, p);
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
   // Sends one message announcing bulk.size() bulk bytes, then those bytes.
   // Returns once all bulk bytes are handed to the backend (for files: read).
   virtual Status SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) = 0;

@@ -213,6 +213,34 @@ struct TreeState {
   // Pins on this tree's versions; shared with the VersionPins handed out.
   const std::shared_ptr<VersionPin::Table> pins = std::make_shared<VersionPin::Table>();
 
+  // The newest deltas as written to the WAL (new version, record), oldest
+  // first, consecutive and ending at latest, up to kRecentDeltaBytes: a
+  // replica stream that keeps up reads what it sends next from here instead
+  // of the WAL file. Emptied by a snapshot install; entries leave with the
+  // WAL segments that hold them, so it never holds a delta the WAL no
+  // longer does. Guarded by mu.
+  std::deque<std::pair<uint64_t, std::string>> recent;
+  size_t recent_bytes = 0;
+  // REQUIRES: mu held; `version` is latest + 1's record just written.
+  void RememberRecentLocked(uint64_t version, std::string_view record) {
+    if (!recent.empty() && recent.back().first + 1 != version) ForgetRecentLocked(UINT64_MAX);
+    recent.emplace_back(version, std::string(record));
+    recent_bytes += record.size();
+    while (recent_bytes > kRecentDeltaBytes || recent.size() > kRecentDeltas) {
+      recent_bytes -= recent.front().second.size();
+      recent.pop_front();
+    }
+  }
+  // Forgets the recent deltas up to `version`. REQUIRES: mu held.
+  void ForgetRecentLocked(uint64_t version) {
+    while (!recent.empty() && recent.front().first <= version) {
+      recent_bytes -= recent.front().second.size();
+      recent.pop_front();
+    }
+  }
+  static constexpr size_t kRecentDeltaBytes = 64u << 10;
+  static constexpr size_t kRecentDeltas = 256;
+
   // REQUIRES: mu held.
   uint64_t OldestRetainedLocked() const {
     return history.empty() ? latest.number() : history.front().version.number();
@@ -558,6 +586,136 @@ class StoreImpl final : public Store {
     return CommitDelta(*t, delta, nullptr, nullptr, "", CommitMode::kClientOnLatest);
   }
 
+  std::vector<Result<CommitResult>> CommitOpsBatch(std::string_view tree, std::vector<OpsCommit> commits) override {
+    std::vector<Result<CommitResult>> results;
+    results.reserve(commits.size());
+    auto found = FindTree(tree);
+    if (!found.ok()) {
+      for (size_t i = 0; i < commits.size(); ++i) results.emplace_back(found.status());
+      return results;
+    }
+    TreeState& t = **found;
+    std::vector<Version> dropped;  // versions leaving the retained window; freed after t.mu is released
+    std::unique_lock lk(t.mu);
+    if (!t.failed.ok()) {
+      for (size_t i = 0; i < commits.size(); ++i) results.emplace_back(t.failed);
+      return results;
+    }
+    // First every commit is built on the one before it (nothing installed:
+    // a failed WAL write must leave the tree as it was), then one write.
+    struct Built {
+      size_t index;
+      NodePtr root;
+      size_t record_end;  // offset in `records` after its WAL record
+    };
+    std::vector<Built> built;
+    std::vector<std::pair<const RequestId*, uint64_t>> batch_ids;  // ids committed by this batch
+    std::string records;
+    uint64_t newest = t.latest.number();
+    NodePtr root = t.latest.root();
+    uint64_t wait_durable = 0;  // the newest earlier version a duplicate returns
+    for (size_t i = 0; i < commits.size(); ++i) {
+      OpsCommit& c = commits[i];
+      if (!c.request.empty()) {
+        uint64_t earlier = t.requests.Find(c.request);
+        for (const auto& [id, v] : batch_ids) {
+          if (*id == c.request) earlier = v;
+        }
+        if (earlier != 0) {
+          wait_durable = std::max(wait_durable, earlier);
+          results.emplace_back(CommitResult{earlier, "", true});
+          continue;
+        }
+      }
+      if (c.base_version != 0 && c.base_version != newest) {
+        results.emplace_back(Status::Conflict(TreeLabel(t) + ": base version " + std::to_string(c.base_version) +
+                                              " is stale: the newest version is " + std::to_string(newest)));
+        continue;
+      }
+      Delta delta;
+      delta.tree = t.name;
+      delta.base_version = newest;
+      delta.new_version = newest + 1;
+      delta.ops = std::move(c.ops);
+      delta.request = c.request;
+      auto applied = ApplyOps(root, delta.ops);
+      if (!applied.ok()) {
+        results.emplace_back(applied.status().WithContext(TreeLabel(t) + ": delta to version " +
+                                                          std::to_string(delta.new_version) + " does not apply"));
+        continue;
+      }
+      std::string encoded = EncodeDelta(delta);
+      records += encoded;
+      root = std::move(*applied);
+      newest = delta.new_version;
+      if (!c.request.empty()) batch_ids.emplace_back(&c.request, newest);
+      built.push_back(Built{i, root, records.size()});
+      results.emplace_back(CommitResult{newest, std::move(encoded)});
+    }
+    if (!built.empty()) {
+      const uint64_t first = t.latest.number() + 1;
+      bool broken = false;
+      Status s = t.wal->AppendRecords(records, first, newest, SyncsFiles(), &broken);
+      if (!s.ok()) {
+        if (broken) {
+          t.failed = Status::IOError(TreeLabel(t) + ": WAL state in doubt after a failed write or sync (" +
+                                     s.message() + "); the tree is read-only until the store is reopened");
+        }
+        Status failed = s.WithContext(TreeLabel(t) + ": commit of versions " + std::to_string(first) + ".." +
+                                      std::to_string(newest) + " failed, the tree stays at version " +
+                                      std::to_string(t.latest.number()));
+        for (const Built& b : built) results[b.index] = failed;
+        // Duplicates naming a version of this batch: it was never made.
+        for (size_t i = 0; i < results.size(); ++i) {
+          if (results[i].ok() && results[i]->duplicate && results[i]->version >= first) results[i] = failed;
+        }
+        return results;
+      }
+      const SteadyTime now = std::chrono::steady_clock::now();
+      uint64_t v = t.latest.number();
+      size_t record_begin = 0;
+      for (const Built& b : built) {
+        ++v;
+        t.RememberRecentLocked(v, std::string_view(records).substr(record_begin, b.record_end - record_begin));
+        record_begin = b.record_end;
+        t.requests.Record(commits[b.index].request, v);
+        t.history.push_back(RetainedVersion{std::move(t.latest), now});
+        t.latest = Version(t.name, v, b.root);
+      }
+      PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, &dropped);
+      t.unsynced_bytes += records.size();
+      if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
+      wait_durable = std::max(wait_durable, v);
+    }
+    bool queue_checkpoint = false;
+    if (!built.empty() && options_.checkpoint_every_commits > 0) {
+      t.commits_since_checkpoint += built.size();
+      if (t.commits_since_checkpoint >= options_.checkpoint_every_commits && !t.checkpoint_queued) {
+        t.checkpoint_queued = true;
+        queue_checkpoint = true;
+      }
+    }
+    if (options_.fsync == FsyncPolicy::kAlways && wait_durable != 0) {
+      Status ds = SyncLocked(lk, t, wait_durable, false);
+      if (!ds.ok()) {
+        for (auto& r : results) {
+          if (r.ok()) r = ds;
+        }
+      }
+    }
+    bool kick = options_.fsync == FsyncPolicy::kBatch && t.unsynced_bytes >= options_.batch_bytes;
+    lk.unlock();
+    if (queue_checkpoint || kick) {
+      {
+        std::lock_guard bl(bg_mu_);
+        if (queue_checkpoint) checkpoint_queue_.push_back(*found);
+        if (kick) batch_kick_ = true;
+      }
+      bg_cv_.notify_one();
+    }
+    return results;
+  }
+
   Result<CommitResult> ApplyDelta(const Delta& delta) override {
     if (delta.new_version != delta.base_version + 1) {
       return Status::InvalidArgument("delta for tree '" + delta.tree + "' goes from version " +
@@ -625,6 +783,17 @@ class StoreImpl final : public Store {
     {
       std::lock_guard lk(t->mu);
       latest = t->latest.number();
+      if (version < latest && !t->recent.empty() && t->recent.front().first <= version + 1) {
+        // Served from memory: the same records the WAL holds (TreeState::recent).
+        std::vector<std::string> recent;
+        size_t bytes = 0;
+        for (auto it = t->recent.begin() + static_cast<std::ptrdiff_t>(version + 1 - t->recent.front().first);
+             it != t->recent.end() && bytes < max_bytes; ++it) {
+          recent.push_back(it->second);
+          bytes += it->second.size();
+        }
+        return recent;
+      }
       segments = t->wal->segments();
     }
     std::vector<std::string> out;
@@ -864,6 +1033,7 @@ class StoreImpl final : public Store {
     // The history before the snapshot went with the old directory.
     old_history.swap(t->history);
     t->requests.Clear();
+    t->ForgetRecentLocked(UINT64_MAX);
     t->latest = installed;
     t->synced = v.number();
     t->unsynced_bytes = 0;
@@ -1019,6 +1189,7 @@ class StoreImpl final : public Store {
                            " failed, the tree stays at version " + std::to_string(t.latest.number()));
     }
     uint64_t v = delta.new_version;
+    t.RememberRecentLocked(v, encoded);
     t.requests.Record(delta.request, v);
     const SteadyTime now = std::chrono::steady_clock::now();
     t.history.push_back(RetainedVersion{std::move(t.latest), now});
@@ -1164,6 +1335,7 @@ class StoreImpl final : public Store {
         break;
       }
     }
+    if (removed > 0) t.ForgetRecentLocked(segs[removed - 1].last_version);
     segs.erase(segs.begin(), segs.begin() + static_cast<std::ptrdiff_t>(removed));
     return first;
   }

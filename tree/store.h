@@ -318,6 +318,29 @@ class Store {
   virtual Result<CommitResult> CommitOps(std::string_view tree, std::vector<Op> ops,
                                          const RequestId& request = {}, uint64_t base_version = 0) = 0;
 
+  // One commit of a CommitOpsBatch: what CommitOps takes.
+  struct OpsCommit {
+    std::vector<Op> ops;
+    RequestId request;
+    uint64_t base_version = 0;  // 0: any
+  };
+  // Applies `commits` to `tree` in order, each exactly as CommitOps would
+  // (its own request-id check, base check and ops; commit i + 1 sees what
+  // commit i made, a duplicate within the batch included), under ONE hold
+  // of the tree's write lock, with ONE WAL write for all of them and, under
+  // kAlways, one sync after it. Returns one result per commit, in order;
+  // each succeeds or fails on its own: a Conflict or InvalidArgument of one
+  // changes nothing and does not affect the others. A failed WAL write (full
+  // disk, ...) fails every commit that would have been written, and none of
+  // them is applied (the log is cut back as for CommitOps); a failed sync
+  // fails them all as CommitOps would. NotFound (for every commit) for an
+  // unknown tree. Durability as Commit: with kAlways every OK result is
+  // synced when this returns. encoded_delta is set as for CommitOps.
+  // Thread safety: as every Store method; concurrent batches and single
+  // commits on one tree are serialised by its write lock (and share syncs).
+  virtual std::vector<Result<CommitResult>> CommitOpsBatch(std::string_view tree,
+                                                           std::vector<OpsCommit> commits) = 0;
+
   // Applies an already built delta (replica side, or a leader committing a
   // delta it built itself). REQUIRES delta.base_version == the tree's newest
   // version (else Conflict) and new_version == base_version + 1 (else
@@ -338,10 +361,13 @@ class Store {
   // NotFound if the WAL no longer holds the delta right after `version`
   // (truncated after a checkpoint, or a snapshot was installed since);
   // InvalidArgument if `version` is newer than the newest version.
-  // Cost: a read that continues where an earlier one stopped (a replica
-  // stream asking for what follows the version it was last sent) starts at
-  // that WAL position, so it costs the deltas returned, not the segment; any
-  // other start scans its segment from the beginning.
+  // Cost: the newest deltas (about the last 64 KiB of them) are kept in
+  // memory as written, so a replica stream that keeps up reads no file; a
+  // read that continues where an earlier one stopped (a replica stream
+  // asking for what follows the version it was last sent) starts at that WAL
+  // position, so it costs the deltas returned, not the segment; any other
+  // start scans its segment from the beginning. The answer is the same
+  // whichever way it was read.
   virtual Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                            size_t max_bytes = 64 << 20) const = 0;
 

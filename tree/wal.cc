@@ -166,7 +166,8 @@ WalWriter::WalWriter(std::string dir, uint64_t segment_bytes, bool durable_creat
 
 void WalWriter::CloseActive() { active_fd_.reset(); }
 
-Status WalWriter::Append(std::string_view record, uint64_t version, bool sync_old, bool* broken) {
+Status WalWriter::AppendRecords(std::string_view record, uint64_t first_version, uint64_t version, bool sync_old,
+                                bool* broken) {
   *broken = false;
   bool fresh = false;
   if (!active_fd_ || segments_.back().bytes >= segment_bytes_) {
@@ -177,7 +178,7 @@ Status WalWriter::Append(std::string_view record, uint64_t version, bool sync_ol
         return s;
       }
     }
-    std::string path = JoinPath(dir_, WalSegmentName(version));
+    std::string path = JoinPath(dir_, WalSegmentName(first_version));
     CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
     if (durable_creates_) {
       Status s = FsyncDir(dir_);
@@ -187,7 +188,7 @@ Status WalWriter::Append(std::string_view record, uint64_t version, bool sync_ol
       }
     }
     active_fd_ = std::make_shared<UniqueFd>(std::move(fd));
-    segments_.push_back(WalSegment{version, version - 1, 0, path});
+    segments_.push_back(WalSegment{first_version, first_version - 1, 0, path});
     fresh = true;
   }
   WalSegment& seg = segments_.back();

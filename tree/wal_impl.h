@@ -88,7 +88,13 @@ class WalWriter {
   // previous length, so no partial record remains; *broken is set if even
   // that failed, or if syncing the old segment failed (the WAL must not be
   // written again).
-  Status Append(std::string_view record, uint64_t version, bool sync_old, bool* broken);
+  Status Append(std::string_view record, uint64_t version, bool sync_old, bool* broken) {
+    return AppendRecords(record, version, version, sync_old, broken);
+  }
+  // Same for consecutive records (new versions first_version..last_version)
+  // concatenated in `records`: one write, all in the same segment.
+  Status AppendRecords(std::string_view records, uint64_t first_version, uint64_t last_version, bool sync_old,
+                       bool* broken);
 
   // The active segment's file, shared so a syncer may use it unlocked.
   std::shared_ptr<UniqueFd> active_fd() const { return active_fd_; }

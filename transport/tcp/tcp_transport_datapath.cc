@@ -164,6 +164,58 @@ Status TcpConnection::Send(uint16_t type, std::string_view payload) {
   return s;
 }
 
+Status TcpConnection::SendBatch(uint16_t type, const std::vector<std::string_view>& payloads) {
+  if (payloads.size() <= 1) return payloads.empty() ? Status::Ok() : Send(type, payloads.front());
+  for (std::string_view p : payloads) {
+    if (p.size() > options_.max_message_bytes) {
+      return Status::InvalidArgument("message payload of " + std::to_string(p.size()) +
+                                     " bytes exceeds max_message_bytes " +
+                                     std::to_string(options_.max_message_bytes));
+    }
+  }
+  GateUse use(gate_);
+  if (!use.entered()) return ClosedLocally();
+  CANOPY_RETURN_IF_ERROR(EnsureTls(Deadline::After(options_.io_timeout)));
+  std::lock_guard<std::mutex> lock(send_mu_);
+  if (gate_.closed()) return ClosedLocally();
+  if (send_shutdown_) return Status::InvalidArgument("Send after Shutdown() on connection to " + peer_uri_);
+  if (!send_broken_.ok()) return send_broken_;
+  // Up to kFramesPerWrite frames (a header and a payload each) per sendmsg.
+  constexpr size_t kFramesPerWrite = 64;
+  std::vector<char> headers(std::min(payloads.size(), kFramesPerWrite) * kFrameHeaderSize);
+  std::vector<iovec> iov;
+  iov.reserve(2 * std::min(payloads.size(), kFramesPerWrite));
+  for (size_t first = 0; first < payloads.size(); first += kFramesPerWrite) {
+    const size_t n = std::min(kFramesPerWrite, payloads.size() - first);
+    iov.clear();
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+      std::string_view p = payloads[first + i];
+      char* header = headers.data() + i * kFrameHeaderSize;
+      EncodeFrameHeader(header, type, p, 0);
+      iov.push_back(iovec{header, kFrameHeaderSize});
+      if (!p.empty()) iov.push_back(iovec{const_cast<char*>(p.data()), p.size()});
+      bytes += p.size();
+    }
+    uint64_t progress = 0;
+    Status s = WriteIovecs(iov.data(), static_cast<int>(iov.size()), 0, &progress);
+    if (!s.ok()) {
+      if (progress > 0 && !gate_.closed()) {
+        // As SendFrame: part of a frame may be on the wire.
+        send_broken_ = Status(s.code(), s.message() +
+                                            " (after part of a message was sent; the connection can no "
+                                            "longer send)");
+        ::shutdown(gate_.fd(), SHUT_WR);
+      }
+      return s;
+    }
+    messages_sent_.fetch_add(n, std::memory_order_relaxed);
+    bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+    counters_.bytes_sent->Increment(static_cast<double>(bytes));
+  }
+  return Status::Ok();
+}
+
 Status TcpConnection::SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) {
   Status s = SendFrame(type, payload, &bulk);
   if (s.ok()) counters_.bytes_sent->Increment(static_cast<double>(payload.size() + bulk.size()));
@@ -437,11 +489,14 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
   // cover every byte already here (buffered, or queued in the socket), so a
   // message that has arrived whole is allocated once and never re-copied.
   while (rx_payload_filled_ < rx_header_.payload_len) {
-    int queued = 0;
-    if (::ioctl(gate_.fd(), FIONREAD, &queued) != 0 || queued < 0) queued = 0;
-    const size_t arrived = rx_payload_filled_ + buffered() + static_cast<size_t>(queued);
-    size_t target = std::min<size_t>(rx_header_.payload_len,
-                                     std::max<size_t>({rx_payload_filled_ * 2, size_t{64} << 10, arrived}));
+    const size_t floor = std::max<size_t>(rx_payload_filled_ * 2, size_t{64} << 10);
+    size_t target = rx_header_.payload_len;
+    if (target > floor) {  // else it is all read at once anyway: no need to ask what is queued
+      int queued = 0;
+      if (::ioctl(gate_.fd(), FIONREAD, &queued) != 0 || queued < 0) queued = 0;
+      const size_t arrived = rx_payload_filled_ + buffered() + static_cast<size_t>(queued);
+      target = std::min<size_t>(target, std::max(floor, arrived));
+    }
     if (rx_payload_.size() < target) rx_payload_.resize(target);
     uint64_t progress = 0;
     Status s = ReadExactly(rx_payload_.data() + rx_payload_filled_, target - rx_payload_filled_, deadline, &progress);

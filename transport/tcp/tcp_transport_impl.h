@@ -100,6 +100,8 @@ class TcpConnection final : public Connection {
   ~TcpConnection() override;
 
   Status Send(uint16_t type, std::string_view payload) override;
+  // One sendmsg for the whole batch (several when it is large).
+  Status SendBatch(uint16_t type, const std::vector<std::string_view>& payloads) override;
   Status SendWithBulk(uint16_t type, std::string_view payload, const BulkSource& bulk) override;
   Result<Message> Receive(Deadline deadline) override;
   Status ReceiveBulk(const BulkSink& sink, uint64_t length, Deadline deadline) override;
