@@ -37,6 +37,12 @@ class Repeater {
   Repeater(const Repeater&) = delete;
   Repeater& operator=(const Repeater&) = delete;
 
+  // True once a send failed (the thread has ended).
+  bool failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !status_.ok();
+  }
+
   // Stops and joins the thread; the first failed send's status, if any.
   Status Stop() {
     {
@@ -69,6 +75,44 @@ class Repeater {
   bool stopped_ = false;
   Status status_;
   std::thread thread_;  // last: starts once the rest is set up
+};
+
+// One of a node's snapshot file slots (Node::Impl::snapshot_file_slots),
+// held while a checkpoint file is prepared and sent.
+class SnapshotFileSlot {
+ public:
+  SnapshotFileSlot(std::mutex& mu, std::condition_variable& cv, unsigned& used, unsigned slots)
+      : mu_(mu), cv_(cv), used_(used), slots_(slots) {}
+  ~SnapshotFileSlot() {
+    if (!held_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --used_;
+    }
+    cv_.notify_one();
+  }
+  SnapshotFileSlot(const SnapshotFileSlot&) = delete;
+  SnapshotFileSlot& operator=(const SnapshotFileSlot&) = delete;
+
+  // Waits for a free slot; false when `give_up` turned true first (asked
+  // at least once per `poll`).
+  bool Acquire(std::chrono::milliseconds poll, const std::function<bool()>& give_up) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (used_ >= slots_) {
+      if (give_up()) return false;
+      cv_.wait_for(lock, poll);
+    }
+    ++used_;
+    held_ = true;
+    return true;
+  }
+
+ private:
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  unsigned& used_;
+  const unsigned slots_;
+  bool held_ = false;
 };
 
 }  // namespace
@@ -110,6 +154,12 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
     hb.trees.push_back({tree_name, epoch, latest});
     return SendMessage(conn, hb);
   });
+  SnapshotFileSlot slot(snapshot_slots_mu, snapshot_slots_cv, snapshot_slots_used, snapshot_file_slots);
+  if (!slot.Acquire(options.heartbeat_interval, [&] { return stopping.load() || heartbeats.failed(); })) {
+    if (stopping) return Status::Aborted("stopping");
+    Status gone = heartbeats.Stop();  // failed: the replica is gone
+    return gone.ok() ? Status::Unavailable("replica " + replica + " left while waiting for its snapshot") : gone;
+  }
   auto file = store->OpenNewestCheckpointFile(tree_name);
   if (!usable(file) || stale(*file)) {
     // No checkpoint the WAL continues from, or a stale one: write one now.
