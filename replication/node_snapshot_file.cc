@@ -78,13 +78,15 @@ class Repeater {
 };
 
 // One of a node's snapshot file slots (Node::Impl::snapshot_file_slots),
-// held while a checkpoint file is prepared and sent.
+// held while a checkpoint file is prepared.
 class SnapshotFileSlot {
  public:
   SnapshotFileSlot(std::mutex& mu, std::condition_variable& cv, unsigned& used, unsigned slots)
       : mu_(mu), cv_(cv), used_(used), slots_(slots) {}
-  ~SnapshotFileSlot() {
+  ~SnapshotFileSlot() { Release(); }
+  void Release() {
     if (!held_) return;
+    held_ = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       --used_;
@@ -183,6 +185,9 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
   CANOPY_LOG(kInfo, "node {}: sending checkpoint file of {} at version {} ({} bytes{}) to replica {}", node_id,
              tree_name, info.version, info.bytes,
              offset > 0 ? fmt::format(", resuming at byte {}", offset) : std::string(), replica);
+  // The file is ready: the next stream may prepare one while this one goes
+  // out (a send holds no more than socket buffers and a pipe).
+  slot.Release();
   // A failed heartbeat means the replica is gone; SendWithBulk says so too.
   (void)heartbeats.Stop();
   SnapshotFile msg{tree_name, epoch, info.version, info.bytes, info.digest, offset};
