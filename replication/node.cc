@@ -150,9 +150,14 @@ Status Node::Impl::StartMeta() {
   mo.heartbeat_timeout_ms = std::max<uint32_t>(1, mo.election_timeout_ms / 5);
   CANOPY_ASSIGN_OR_RETURN(meta, meta::MetadataService::Start(mo));
   meta_watch = meta->AddWatch([this](const meta::ClusterState& state) {
-    std::lock_guard<std::mutex> lock(mu);
-    meta_trees = state.trees;
-    cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      meta_trees = state.trees;
+      cv.notify_all();
+    }
+    // Leaders just became known (a joiner added to the raft group, a
+    // failover): follow them now, not at the next maintenance round.
+    StartReplicas();
   });
   // Until a linearizable read succeeds the local metadata may be stale
   // (e.g. after a restart): do not act as a leader before that.

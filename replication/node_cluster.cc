@@ -128,17 +128,28 @@ void Node::Impl::RefreshMetrics() {
 }
 
 void Node::Impl::OnHeartbeat(const Heartbeat& hb) {
-  std::lock_guard<std::mutex> lock(mu);
-  if (hb.node_id == node_id) return;
-  HeardLocked(hb.node_id);
-  if (!hb.raft_address.empty()) peer_raft[hb.node_id] = hb.raft_address;
-  for (const auto& [id, member_uri] : hb.members) AddMemberLocked(id, member_uri);
-  for (const auto& t : hb.trees) {
-    if (tree::Store::ValidateTreeName(t.tree).ok()) known_trees.insert(t.tree);
+  bool new_raft_address = false;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (hb.node_id == node_id) return;
+    HeardLocked(hb.node_id);
+    if (!hb.raft_address.empty()) {
+      std::string& known = peer_raft[hb.node_id];
+      new_raft_address = known != hb.raft_address;
+      known = hb.raft_address;
+    }
+    for (const auto& [id, member_uri] : hb.members) AddMemberLocked(id, member_uri);
+    for (const auto& t : hb.trees) {
+      if (tree::Store::ValidateTreeName(t.tree).ok()) known_trees.insert(t.tree);
+    }
+    for (const auto& name : hb.tree_names) {
+      if (tree::Store::ValidateTreeName(name).ok()) known_trees.insert(name);
+    }
   }
-  for (const auto& name : hb.tree_names) {
-    if (tree::Store::ValidateTreeName(name).ok()) known_trees.insert(name);
-  }
+  // A joining node announced its raft address: the raft leader adds it now,
+  // not at the end of its next maintenance round (the joiner learns its
+  // trees' leaders and epochs only once it is in the group).
+  if (new_raft_address) AddRaftMembers();
 }
 
 Heartbeat Node::Impl::MakeHeartbeatLocked(Heartbeat::Kind kind, uint64_t sequence, uint64_t peer_members_digest,
@@ -268,6 +279,7 @@ void Node::Impl::MaintenanceLoop() {
       std::lock_guard<std::mutex> lock(mu);
       seeds = unresolved_seeds;
     }
+    std::vector<std::string> resolved;
     for (const auto& s : seeds) {
       if (stopping) break;
       auto r = DialPeerWithId(s);
@@ -282,7 +294,25 @@ void Node::Impl::MaintenanceLoop() {
         AddMemberLocked(r->first, s);
         HeardLocked(r->first);
         links[r->first] = std::move(r->second);
+        resolved.push_back(r->first);
       }
+    }
+    // Introduce ourselves to every seed at once (members, trees, the raft
+    // address), not one probe target per round: a joiner is added to the
+    // metadata raft, and so learns its trees' leaders, as soon as the raft
+    // leader hears of it.
+    for (const auto& id : resolved) {
+      if (stopping) break;
+      auto it = links.find(id);
+      if (it == links.end()) continue;
+      Heartbeat hb;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, 0, 0);
+      }
+      std::string encoded = Encode(hb);
+      metrics->MembershipSent(encoded.size());
+      if (!it->second->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(it);
     }
     std::map<std::string, std::string> peers;
     {

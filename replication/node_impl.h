@@ -383,6 +383,16 @@ struct Node::Impl {
       const transport::Message& m, const SnapshotFile& f, const std::function<Status()>& keepalive);
   // Fills the resume offer of `sub` from the store's partial file of its tree.
   void OfferResume(Subscribe* sub);
+  // At most snapshot_file_slots checkpoint files are prepared by this node
+  // at once (a checkpoint written on demand holds a whole block in memory);
+  // the other streams wait for a slot, heartbeating. Bounds the leader's
+  // memory and disk/CPU contention when many trees join at once, and lets
+  // the first files go out while later ones are prepared. Sends are not
+  // capped: each holds only socket buffers (and the replica's pace).
+  std::mutex snapshot_slots_mu;
+  std::condition_variable snapshot_slots_cv;
+  unsigned snapshot_slots_used = 0;
+  const unsigned snapshot_file_slots = std::clamp(std::thread::hardware_concurrency(), 4u, 16u);
   Status SendStream(transport::Connection& conn, const std::string& replica, const Subscribe& sub,
                     uint64_t epoch, bool force_snapshot, const std::atomic<bool>& done);
   Status StreamLoop(StreamSender& s, const std::atomic<bool>& done);

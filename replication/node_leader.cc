@@ -44,6 +44,16 @@ Status Node::Impl::LeadStream(transport::Connection& stream, const PeerIdentity&
                                            peer.node_id, sub.epoch, sub.tree, epoch)));
     return Status::Ok();
   }
+  if (sub.epoch < epoch) {
+    // The replica's first ACK names its epoch, and it refuses every message
+    // of ours: such a stream cannot work, so refuse it before a snapshot is
+    // prepared for it (a joiner that guessed the leader from the ring, say,
+    // before the metadata told it the tree's epoch).
+    SendError(conn,
+              Status::Conflict(fmt::format("replica {} knows epoch {} of {}, older than this leader's {}",
+                                           peer.node_id, sub.epoch, sub.tree, epoch)));
+    return Status::Ok();
+  }
   if (!trusted) {
     std::lock_guard<std::mutex> lock(mu);
     trees[sub.tree].acked.erase(peer.node_id);  // an earlier stream's claim is void too

@@ -50,7 +50,10 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
     // A stream that worked and broke: redial at once (a refused redial tells
     // a dead leader from a closed stream). Otherwise wait a little, or until
     // the leadership changes.
-    pause = reached ? std::chrono::milliseconds(0)
+    // A refusal (not the leader, another epoch) is answered the same until
+    // the leadership changes, which ends the wait at once.
+    const bool refused = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kConflict;
+    pause = reached && !refused ? std::chrono::milliseconds(0)
                     : std::min<std::chrono::milliseconds>(std::max<std::chrono::milliseconds>(2 * pause, std::chrono::milliseconds(10)),
                                                           std::chrono::milliseconds(100));
     if (pause.count() > 0) {
@@ -285,8 +288,12 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         }
         CANOPY_RETURN_IF_ERROR(check_epoch(epoch, /*data_follows=*/false));
         uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
-        if (durable != last_acked) {
+        // Also once per heartbeat while heartbeats keep coming (e.g. while
+        // the leader prepares a checkpoint file): our receive then never
+        // times out, which is when the keepalive ACK goes out otherwise.
+        if (durable != last_acked || Clock::now() - last_keepalive >= options.heartbeat_interval) {
           CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
+          last_keepalive = Clock::now();
         }
         break;
       }

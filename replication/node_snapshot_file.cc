@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -21,6 +23,99 @@ namespace {
 // Bulk bytes are consumed in pieces of this size; after each piece the
 // blocks now complete are checked.
 constexpr uint64_t kBulkPieceBytes = 2u << 20;
+
+// Calls `send` once per `interval` on a thread of its own until Stop() (or
+// destruction), or until a call fails. Keeps one side of a stream audible
+// while the other would hear nothing: the leader preparing a file, the
+// replica landing one. The caller must not send on the connection itself
+// meanwhile unless the transport allows it.
+class Repeater {
+ public:
+  Repeater(std::chrono::milliseconds interval, std::function<Status()> send)
+      : interval_(interval), send_(std::move(send)), thread_([this] { Run(); }) {}
+  ~Repeater() { (void)Stop(); }
+  Repeater(const Repeater&) = delete;
+  Repeater& operator=(const Repeater&) = delete;
+
+  // True once a send failed (the thread has ended).
+  bool failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !status_.ok();
+  }
+
+  // Stops and joins the thread; the first failed send's status, if any.
+  Status Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, interval_, [&] { return stopped_; })) {
+      lock.unlock();
+      Status s = send_();
+      lock.lock();
+      if (!s.ok()) {
+        status_ = s;
+        return;
+      }
+    }
+  }
+
+  const std::chrono::milliseconds interval_;
+  const std::function<Status()> send_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;
+  Status status_;
+  std::thread thread_;  // last: starts once the rest is set up
+};
+
+// One of a node's snapshot file slots (Node::Impl::snapshot_file_slots),
+// held while a checkpoint file is prepared.
+class SnapshotFileSlot {
+ public:
+  SnapshotFileSlot(std::mutex& mu, std::condition_variable& cv, unsigned& used, unsigned slots)
+      : mu_(mu), cv_(cv), used_(used), slots_(slots) {}
+  ~SnapshotFileSlot() { Release(); }
+  void Release() {
+    if (!held_) return;
+    held_ = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --used_;
+    }
+    cv_.notify_one();
+  }
+  SnapshotFileSlot(const SnapshotFileSlot&) = delete;
+  SnapshotFileSlot& operator=(const SnapshotFileSlot&) = delete;
+
+  // Waits for a free slot; false when `give_up` turned true first (asked
+  // at least once per `poll`).
+  bool Acquire(std::chrono::milliseconds poll, const std::function<bool()>& give_up) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (used_ >= slots_) {
+      if (give_up()) return false;
+      cv_.wait_for(lock, poll);
+    }
+    ++used_;
+    held_ = true;
+    return true;
+  }
+
+ private:
+  std::mutex& mu_;
+  std::condition_variable& cv_;
+  unsigned& used_;
+  const unsigned slots_;
+  bool held_ = false;
+};
 
 }  // namespace
 
@@ -46,6 +141,27 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
     for (const auto& d : *tail) bytes += d.size();
     return bytes >= quarter;
   };
+  // Preparing the file can take a while: a checkpoint may have to be
+  // written first, or another stream of this tree is writing one (seconds
+  // on a loaded machine). Nothing else goes out on this stream meanwhile,
+  // and a replica drops a leader silent for failure_timeout, subscribes
+  // again and so queues yet another preparation. A HEARTBEAT of the tree
+  // once per heartbeat_interval keeps the stream; it is stopped before the
+  // file goes out.
+  uint64_t heartbeat_seq = 0;
+  Repeater heartbeats(options.heartbeat_interval, [&]() -> Status {
+    Heartbeat hb;
+    hb.node_id = node_id;
+    hb.sequence = ++heartbeat_seq;
+    hb.trees.push_back({tree_name, epoch, latest});
+    return SendMessage(conn, hb);
+  });
+  SnapshotFileSlot slot(snapshot_slots_mu, snapshot_slots_cv, snapshot_slots_used, snapshot_file_slots);
+  if (!slot.Acquire(options.heartbeat_interval, [&] { return stopping.load() || heartbeats.failed(); })) {
+    if (stopping) return Status::Aborted("stopping");
+    Status gone = heartbeats.Stop();  // failed: the replica is gone
+    return gone.ok() ? Status::Unavailable("replica " + replica + " left while waiting for its snapshot") : gone;
+  }
   auto file = store->OpenNewestCheckpointFile(tree_name);
   if (!usable(file) || stale(*file)) {
     // No checkpoint the WAL continues from, or a stale one: write one now.
@@ -69,6 +185,11 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
   CANOPY_LOG(kInfo, "node {}: sending checkpoint file of {} at version {} ({} bytes{}) to replica {}", node_id,
              tree_name, info.version, info.bytes,
              offset > 0 ? fmt::format(", resuming at byte {}", offset) : std::string(), replica);
+  // The file is ready: the next stream may prepare one while this one goes
+  // out (a send holds no more than socket buffers and a pipe).
+  slot.Release();
+  // A failed heartbeat means the replica is gone; SendWithBulk says so too.
+  (void)heartbeats.Stop();
   SnapshotFile msg{tree_name, epoch, info.version, info.bytes, info.digest, offset};
   CANOPY_RETURN_IF_ERROR(conn.SendWithBulk(static_cast<uint16_t>(MessageType::kSnapshotFile), Encode(msg),
                                            transport::BulkSource::FromFile(file->fd.get(), offset,
@@ -104,22 +225,7 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
   // heartbeat, from a thread of its own so that a slow piece (a loaded
   // machine, a slow disk) cannot make the leader drop a transfer that is
   // progressing. Send may run beside ReceiveBulk (transport.h).
-  std::mutex keepalive_mu;
-  std::condition_variable keepalive_cv;
-  bool receiving = true;
-  Status keepalive_status;
-  std::thread keepalive_thread([&] {
-    std::unique_lock<std::mutex> lock(keepalive_mu);
-    while (!keepalive_cv.wait_for(lock, options.heartbeat_interval, [&] { return !receiving; })) {
-      lock.unlock();
-      Status s = keepalive();
-      lock.lock();
-      if (!s.ok()) {
-        keepalive_status = s;
-        return;
-      }
-    }
-  });
+  Repeater acks(options.heartbeat_interval, keepalive);
   Status s;
   uint64_t landed = f.offset;
   while (s.ok() && landed < f.file_bytes) {
@@ -136,12 +242,7 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
     }
     Heard(leader);
   }
-  {
-    std::lock_guard<std::mutex> lock(keepalive_mu);
-    receiving = false;
-  }
-  keepalive_cv.notify_all();
-  keepalive_thread.join();
+  Status keepalive_status = acks.Stop();
   if (!s.ok()) return s;
   if (!keepalive_status.ok()) return keepalive_status;
   return installer;

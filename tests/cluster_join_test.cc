@@ -4,8 +4,11 @@
 // every block checked, served in place), then the WAL tail as deltas.
 #include <set>
 
+#include "replication/handshake.h"
+#include "replication/protocol.h"
 #include "replication/ring.h"
 #include "tests/cluster_harness.h"
+#include "transport/registry.h"
 
 namespace canopy::testing {
 namespace {
@@ -251,6 +254,32 @@ TEST(ClusterJoinTest, JoinerGetsCheckpointFilesThenTheWalTailAndKeepsThemOnResta
     }
   }
   EXPECT_EQ(CountOf(c.Log(joiner), "(checkpoint file, "), expected.size()) << c.Log(joiner);
+}
+
+// A SUBSCRIBE naming an older epoch than the leader's cannot work (the
+// replica refuses every message of the leader's epoch, the leader its ACKs):
+// it is refused with Conflict before a snapshot is prepared. (A joiner that
+// guessed a tree's leader from the ring before the metadata gave it the
+// epoch used to make the leader start a file on every retry.)
+TEST(ClusterJoinTest, SubscribeWithAnOlderEpochIsRefusedBeforeASnapshotIsPrepared) {
+  TestCluster c;
+  ASSERT_TRUE(c.StartNodes(1));
+  ASSERT_GT(CreateAndLoad(c, "stale", 3, ConsistencyLevel::kOne), 0u);
+  auto conn = transport::Dial(c.node(0).uri, transport::TransportOptions{});
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  // A node without a listen URI: not added to the ring, so node 1 stays the leader.
+  replication::HandshakeConfig hs{kClusterName, "9", kClusterSecret, replication::PeerRole::kNode, ""};
+  auto id = replication::DialerHandshake(**conn, hs, Deadline::After(ScaledBound(std::chrono::seconds(10))));
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  // Epoch 0: older than any leader's (the first epoch is 1). Version 0: a
+  // replica that would get the tree as a snapshot.
+  ASSERT_TRUE(replication::SendMessage(**conn, replication::Subscribe{"stale", 0, 0, "9", 0}).ok());
+  auto m = (*conn)->Receive(Deadline::After(ScaledBound(std::chrono::seconds(10))));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status answer = replication::UnexpectedMessage(*m, "ERROR");
+  EXPECT_EQ(answer.code(), StatusCode::kConflict) << answer.ToString();
+  (*conn)->Close();
+  EXPECT_EQ(CountOf(c.Log(0), "checkpoint file of stale"), 0u) << c.Log(0);
 }
 
 }  // namespace

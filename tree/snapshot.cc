@@ -84,6 +84,7 @@ class BodyEncoder {
         uint64_t piece = std::min(blk.logical + blk.bytes, copy_.end) - copy_.pos;
         if (out->size() + piece > limit && out->size() > floor) return Step::kFull;
         if (out->size() + piece > hard_limit) return TooLarge(piece);
+        ReserveWithTrailer(out, piece);
         out->append(copy_.img->data() + blk.physical + (copy_.pos - blk.logical), piece);
         copy_.pos += piece;
         logical_ += piece;
@@ -115,6 +116,10 @@ class BodyEncoder {
       if (out->size() + size > limit && out->size() > floor) return Step::kFull;
       if (out->size() + size > hard_limit) return TooLarge(size);
       size_t at = out->size();
+      // Room for the block's CRC too: a record bigger than the block limit
+      // (e.g. a node with MiB-sized attributes) would otherwise make the
+      // 4-byte trailer reallocate and copy the whole block once more.
+      ReserveWithTrailer(out, size);
       out->resize(at + size);
       char* p = out->data() + at;
       p = PutVarintRaw(p, attr_count);
@@ -151,6 +156,15 @@ class BodyEncoder {
     NodeImagePtr img;
     uint64_t pos = 0, end = 0;
   };
+
+  // Makes room for `bytes` more plus a block's CRC trailer (4 bytes), growing
+  // geometrically. Without the trailer's room, a record bigger than the
+  // block limit (a node with MiB-sized attributes) fills the string to its
+  // capacity, and sealing the block reallocates and copies it all again.
+  static void ReserveWithTrailer(std::string* out, uint64_t bytes) {
+    const size_t need = out->size() + static_cast<size_t>(bytes) + 4;
+    if (out->capacity() < need) out->reserve(std::max(need, 2 * out->capacity()));
+  }
 
   Status TooLarge(uint64_t bytes) {
     return Status::ResourceExhausted("snapshot: a node record of " + std::to_string(bytes) +
