@@ -49,7 +49,7 @@ Status Node::Impl::LeadStream(transport::Connection& stream, const PeerIdentity&
     // of ours: such a stream cannot work, so refuse it before a snapshot is
     // prepared for it (a joiner that guessed the leader from the ring, say,
     // before the metadata told it the tree's epoch).
-    SendError(conn,
+    SendError(stream,
               Status::Conflict(fmt::format("replica {} knows epoch {} of {}, older than this leader's {}",
                                            peer.node_id, sub.epoch, sub.tree, epoch)));
     return Status::Ok();
