@@ -441,12 +441,18 @@ void Node::Impl::MaintenanceLoop() {
 }
 
 // On the raft leader: adds members that announced a raft address but are
-// not in the raft group yet (a joining node started with --raft and no
-// --raft-peer).
+// not voters of the raft group yet (a joining node started with --raft and
+// no --raft-peer). A member that is in the group but not a voter is one
+// whose addition was cut short, typically by a change of raft leader
+// between AddMember's two steps (raft_add as a spare, then the promotion):
+// a spare receives no log, so it would wait for its metadata forever unless
+// this leader finishes the promotion (AddMember assigns an existing spare).
 void Node::Impl::AddRaftMembers() {
   if (!meta || !meta->IsRaftLeader()) return;
   std::set<uint64_t> in_group;
-  for (const auto& m : meta->RaftMembers()) in_group.insert(m.id);
+  for (const auto& m : meta->RaftMembers()) {
+    if (m.voter) in_group.insert(m.id);
+  }
   std::vector<std::pair<std::string, std::string>> add;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -498,7 +504,9 @@ void Node::Impl::RebalanceRaftLeadership() {
   {
     std::lock_guard<std::mutex> lock(mu);
     auto now = Clock::now();
-    if (raft_transfer_pending || now - last_raft_transfer < interval) return;
+    // Not while a member is being added either: the transfer would cut its
+    // addition short (AddRaftMembers finishes it, but only a round later).
+    if (raft_transfer_pending || !raft_adds_pending.empty() || now - last_raft_transfer < interval) return;
     std::map<uint64_t, size_t> led;
     for (const auto& [name, t] : meta_trees) ++led[t.leader_node];
     mine = led[me];

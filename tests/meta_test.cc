@@ -664,6 +664,59 @@ TEST(MetadataServiceTest, FourthMemberJoinsAndLeaves) {
   ASSERT_TRUE(leader->Put("after-leave", "3", Deadline::After(10s)).ok());
 }
 
+// A leader change between AddMember's two steps (raft_add as a spare, then
+// the promotion to voter) leaves the joiner a spare, which receives no log.
+// This is what canopy's node join met when the raft leader handed its
+// leadership on while adding a joiner: the next leader must see a non-voter
+// (RaftMembers) and finish the promotion with AddMember.
+TEST(MetadataServiceTest, AdditionCutShortByALeaderChangeIsFinishedByTheNextLeader) {
+  Cluster c(3);
+  {
+    Status st = c.StartAll();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  MetadataService* leader = c.WaitForLeader();
+  ASSERT_NE(leader, nullptr);
+  ASSERT_TRUE(leader->Put("before-join", "1", Deadline::After(10s)).ok());
+  // Not running yet: the spare is added, but it cannot catch up, so the
+  // promotion waits, until the leadership moves.
+  uint64_t joiner = c.AddJoiner(4);
+  Status cut = leader->AddMember(joiner, c.AddressOf(joiner), Deadline::After(1500ms));
+  EXPECT_FALSE(cut.ok());
+  uint64_t target = 0;
+  for (MetadataService* s : c.Running()) {
+    if (s != leader && s->node_id() != joiner) target = s->node_id();
+  }
+  ASSERT_NE(target, 0u);
+  Status moved = leader->TransferLeadership(target, Deadline::After(10s));
+  ASSERT_TRUE(moved.ok()) << moved.ToString();
+  MetadataService* next = c.Node(target);
+  ASSERT_TRUE(WaitUntil([&] { return next->IsRaftLeader(); }, 10s));
+  bool spare = false;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (const RaftMember& m : next->RaftMembers()) spare = spare || (m.id == joiner && !m.voter);
+        return spare;
+      },
+      10s));
+  // The next leader finishes the addition once the joiner runs.
+  {
+    Status st = c.StartNode(joiner);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  Status added = Status::Unavailable("not tried");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        added = next->AddMember(joiner, c.AddressOf(joiner), Deadline::After(5s));
+        return added.ok();
+      },
+      20s))
+      << added.ToString();
+  for (const RaftMember& m : next->RaftMembers()) EXPECT_TRUE(m.voter) << m.id;
+  MetadataService* fourth = c.Node(joiner);
+  EXPECT_TRUE(WaitUntil([&] { return fourth->ReadLocal().Get("before-join") == "1"; }, 10s));
+}
+
 }  // namespace
 }  // namespace canopy::replication::meta
 
