@@ -129,17 +129,19 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
     return f.ok() && f->info.version > 0 &&
            (f->info.version == latest || store->ReadDeltasSince(tree_name, f->info.version, 1).ok());
   };
-  // Stale: the deltas after it come to a quarter of its size or more. The
-  // replica would replay (decode, apply, log) them all, so a fresh file
-  // costs less than the tail.
+  // Stale: the deltas after it are worth a fresh file (tree::CheckpointIsStale,
+  // the rule the store's own checkpoint trigger follows, so a file the store
+  // keeps fresh by itself is sent as it is). The replica would replay
+  // (decode, apply, log) them all.
+  const uint64_t floor = store->options().checkpoint_wal_bytes;
   auto stale = [&](const tree::CheckpointFile& f) {
     if (f.info.version == latest) return false;
-    const uint64_t quarter = f.info.bytes / 4 + 1;
-    auto tail = store->ReadDeltasSince(tree_name, f.info.version, quarter);
+    const uint64_t enough = std::max(floor, f.info.bytes / 2) + 1;
+    auto tail = store->ReadDeltasSince(tree_name, f.info.version, enough);
     if (!tail.ok()) return true;
     uint64_t bytes = 0;
     for (const auto& d : *tail) bytes += d.size();
-    return bytes >= quarter;
+    return tree::CheckpointIsStale(f.info.bytes, bytes, floor);
   };
   // Preparing the file can take a while: a checkpoint may have to be
   // written first, or another stream of this tree is writing one (seconds

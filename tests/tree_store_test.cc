@@ -842,6 +842,76 @@ TEST(TreeStore, AutomaticCheckpointsBoundTheWal) {
   ExpectNumbered(*store->Latest("t"));
 }
 
+TEST(TreeStore, CheckpointIsStaleOnceTheWalReachesHalfTheFileAndTheFloor) {
+  EXPECT_FALSE(CheckpointIsStale(0, 0, 0));
+  EXPECT_TRUE(CheckpointIsStale(0, 1, 0));          // no file: any WAL
+  EXPECT_FALSE(CheckpointIsStale(0, 99, 100));      // ... once at the floor
+  EXPECT_TRUE(CheckpointIsStale(0, 100, 100));
+  EXPECT_FALSE(CheckpointIsStale(1000, 499, 100));  // half the file
+  EXPECT_TRUE(CheckpointIsStale(1000, 500, 100));
+  EXPECT_FALSE(CheckpointIsStale(1000, 999, 1000));  // or the floor, whichever is more
+  EXPECT_TRUE(CheckpointIsStale(1000, 1000, 1000));
+}
+
+// StoreOptions::checkpoint_wal_bytes: a checkpoint once the WAL records
+// since the last one reach the floor or half that checkpoint's size,
+// counted across a restart too.
+TEST(TreeStore, CheckpointsFollowTheWalBytesSinceTheLastOne) {
+  TempDir tmp;
+  StoreOptions o = Opts(FsyncPolicy::kNone);
+  o.checkpoint_wal_bytes = 64 << 10;
+  const std::string small(20000, 's'), big(210000, 'b');
+  auto newest = [](Store& store) { return store.NewestCheckpoint("t").ok() ? store.NewestCheckpoint("t")->number() : 0; };
+  // Commits one numbered edit, then gives a (wrongly) queued checkpoint
+  // time to land before the next one, so that it would show.
+  auto commit = [](Store& store, const std::string& payload) {
+    ASSERT_TRUE(CommitNumbered(store, "t", payload).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  auto wait_for = [&](Store& store, uint64_t v) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (newest(store) != v && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(newest(store), v);
+  };
+  {
+    auto store = OpenOrDie(tmp.path(), o);
+    ASSERT_TRUE(store->CreateTree("t").ok());
+    // The floor: three records (~60 KB) are not enough, the fourth is.
+    for (int i = 0; i < 3; ++i) commit(*store, small);
+    EXPECT_EQ(newest(*store), 0u);
+    commit(*store, small);
+    wait_for(*store, 4);
+    // One record over the floor: checkpoint 5 (~290 KB).
+    commit(*store, big);
+    wait_for(*store, 5);
+    // Now half of that file counts: 7 records (~140 KB) are not enough.
+    for (int i = 0; i < 4; ++i) commit(*store, small);
+    EXPECT_EQ(newest(*store), 5u);
+  }
+  // The WAL since checkpoint 5 is counted again on recovery.
+  auto store = OpenOrDie(tmp.path(), o);
+  ASSERT_EQ(*store->LatestVersion("t"), 9u);
+  EXPECT_EQ(newest(*store), 5u);
+  for (int i = 0; i < 3; ++i) commit(*store, small);
+  EXPECT_EQ(newest(*store), 5u);
+  commit(*store, small);
+  wait_for(*store, 13);
+  ExpectNumbered(*store->Latest("t"));
+}
+
+TEST(TreeStore, NoCheckpointByWalBytesWhenTurnedOff) {
+  TempDir tmp;
+  StoreOptions o = Opts(FsyncPolicy::kNone);
+  o.checkpoint_wal_bytes = 0;
+  auto store = OpenOrDie(tmp.path(), o);
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(CommitNumbered(*store, "t", std::string(100000, 'x')).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(store->NewestCheckpoint("t").status().IsNotFound());
+}
+
 // Random edits of every kind, checkpoints at random points and small WAL
 // segments: recovery and a replica fed from ReadDeltasSince end up with the
 // same tree as the leader had in memory.

@@ -45,6 +45,10 @@ const char* FsyncPolicyName(FsyncPolicy policy) {
   return "unknown";
 }
 
+bool CheckpointIsStale(uint64_t checkpoint_bytes, uint64_t wal_bytes, uint64_t floor) {
+  return wal_bytes > 0 && wal_bytes >= std::max(floor, checkpoint_bytes / 2);
+}
+
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name) {
   if (name == "always") return FsyncPolicy::kAlways;
   if (name == "batch") return FsyncPolicy::kBatch;
@@ -204,6 +208,10 @@ struct TreeState {
   std::optional<Version> newest_checkpoint;
   uint64_t newest_checkpoint_generation = 0;
   uint64_t commits_since_checkpoint = 0;
+  // WAL record bytes after checkpoint_version, and the size of that
+  // checkpoint file (0: none); StoreOptions::checkpoint_wal_bytes.
+  uint64_t wal_bytes_since_checkpoint = 0;
+  uint64_t checkpoint_file_bytes = 0;
   bool checkpoint_queued = false;
   std::unique_ptr<WalWriter> wal;
   RequestLog requests;  // ids of recent commits (duplicate detection)
@@ -212,6 +220,20 @@ struct TreeState {
   std::deque<RetainedVersion> history;
   // Pins on this tree's versions; shared with the VersionPins handed out.
   const std::shared_ptr<VersionPin::Table> pins = std::make_shared<VersionPin::Table>();
+
+  // REQUIRES: mu held. Whether a commit just made an automatic checkpoint
+  // due (by commit count or by WAL bytes); marks it queued when so, and the
+  // caller queues it.
+  bool CheckpointDueLocked(const StoreOptions& options) {
+    if (checkpoint_queued) return false;
+    const bool by_commits = options.checkpoint_every_commits > 0 &&
+                            commits_since_checkpoint >= options.checkpoint_every_commits;
+    const bool by_bytes = options.checkpoint_wal_bytes > 0 &&
+                          CheckpointIsStale(checkpoint_file_bytes, wal_bytes_since_checkpoint,
+                                            options.checkpoint_wal_bytes);
+    checkpoint_queued = by_commits || by_bytes;
+    return checkpoint_queued;
+  }
 
   // The newest deltas as written to the WAL (new version, record), oldest
   // first, consecutive and ending at latest, up to kRecentDeltaBytes: a
@@ -688,12 +710,10 @@ class StoreImpl final : public Store {
       wait_durable = std::max(wait_durable, v);
     }
     bool queue_checkpoint = false;
-    if (!built.empty() && options_.checkpoint_every_commits > 0) {
+    if (!built.empty()) {
       t.commits_since_checkpoint += built.size();
-      if (t.commits_since_checkpoint >= options_.checkpoint_every_commits && !t.checkpoint_queued) {
-        t.checkpoint_queued = true;
-        queue_checkpoint = true;
-      }
+      t.wal_bytes_since_checkpoint += records.size();
+      queue_checkpoint = t.CheckpointDueLocked(options_);
     }
     if (options_.fsync == FsyncPolicy::kAlways && wait_durable != 0) {
       Status ds = SyncLocked(lk, t, wait_durable, false);
@@ -1015,6 +1035,7 @@ class StoreImpl final : public Store {
         CANOPY_RETURN_IF_ERROR(FsyncDir(trees_dir_));
         auto state = NewTreeState(name, installed);
         state->checkpoint_version = v.number();
+        state->checkpoint_file_bytes = FileSize(JoinPath(tree_dir, CheckpointName(v.number()))).value_or(0);
         trees_.emplace(name, std::move(state));
         return Status::Ok();
       }
@@ -1040,6 +1061,8 @@ class StoreImpl final : public Store {
     t->failed = Status::Ok();
     t->checkpoint_version = v.number();
     t->commits_since_checkpoint = 0;
+    t->wal_bytes_since_checkpoint = 0;
+    t->checkpoint_file_bytes = FileSize(JoinPath(tree_dir, CheckpointName(v.number()))).value_or(0);
     t->sync_cv.notify_all();
     lk.unlock();
     Status s = FsyncDir(trees_dir_);
@@ -1197,12 +1220,9 @@ class StoreImpl final : public Store {
     PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, &dropped);
     t.unsynced_bytes += encoded.size();
     if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
-    bool queue_checkpoint = false;
-    if (options_.checkpoint_every_commits > 0 &&
-        ++t.commits_since_checkpoint >= options_.checkpoint_every_commits && !t.checkpoint_queued) {
-      t.checkpoint_queued = true;
-      queue_checkpoint = true;
-    }
+    ++t.commits_since_checkpoint;
+    t.wal_bytes_since_checkpoint += encoded.size();
+    const bool queue_checkpoint = t.CheckpointDueLocked(options_);
     CommitResult result{v, owned.empty() ? std::string(encoded) : std::move(owned)};
     if (options_.fsync == FsyncPolicy::kAlways && sync) {
       Status ds = SyncLocked(lk, t, v, false);
@@ -1269,19 +1289,28 @@ class StoreImpl final : public Store {
   Result<uint64_t> CheckpointTree(TreeState& t) {
     std::lock_guard mlk(t.maintenance_mu);
     Version v;
+    uint64_t wal_bytes_upto_v = 0;  // of the records up to v since the last checkpoint
+    uint64_t generation = 0;
     {
       std::lock_guard lk(t.mu);
       t.checkpoint_queued = false;
       // After a failed sync the newest versions are in doubt; do not make them durable.
       if (!t.failed.ok()) return t.failed;
       v = t.latest;
+      wal_bytes_upto_v = t.wal_bytes_since_checkpoint;
+      generation = t.generation;
     }
     std::string path = JoinPath(t.dir, CheckpointName(v.number()));
     Status s = WriteCheckpointFile(path, v, options_.snapshot_chunk_bytes);
     if (!s.ok()) return s.WithContext(TreeLabel(t) + ": checkpoint at version " + std::to_string(v.number()));
+    const uint64_t file_bytes = FileSize(path).value_or(0);
     uint64_t floor;
     {
       std::lock_guard lk(t.mu);
+      if (v.number() >= t.checkpoint_version && t.generation == generation) {
+        t.checkpoint_file_bytes = file_bytes;
+        t.wal_bytes_since_checkpoint -= std::min(t.wal_bytes_since_checkpoint, wal_bytes_upto_v);
+      }
       t.checkpoint_version = std::max(t.checkpoint_version, v.number());
       uint64_t since = t.latest.number() - v.number();
       t.commits_since_checkpoint = std::min(t.commits_since_checkpoint, since);
@@ -1366,6 +1395,7 @@ class StoreImpl final : public Store {
     const auto system_now = std::chrono::system_clock::now();
     std::vector<SteadyTime> segment_written;
     std::vector<std::pair<RequestId, uint64_t>> replayed_requests;  // request ids in the WAL, in order
+    std::vector<std::pair<uint64_t, uint64_t>> replayed_record_bytes;  // (new version, record bytes) applied
     for (uint64_t first : segment_firsts) {
       SteadyTime when = steady_now;
       struct stat st {};
@@ -1463,7 +1493,7 @@ class StoreImpl final : public Store {
       WalSegment seg;
       seg.path = JoinPath(dir, WalSegmentName(segment_firsts[i]));
       bool any = false;
-      auto scan = ScanSegment(seg.path, UINT64_MAX, [&](const Delta& d, std::string_view) -> Status {
+      auto scan = ScanSegment(seg.path, UINT64_MAX, [&](const Delta& d, std::string_view record) -> Status {
         if (d.tree != name || d.new_version != d.base_version + 1 ||
             (any && d.base_version != seg.last_version)) {
           return Status::Corruption(seg.path + ": record for tree '" + d.tree + "' " +
@@ -1490,6 +1520,7 @@ class StoreImpl final : public Store {
           return Status::Corruption(seg.path + ": delta to version " + std::to_string(d.new_version) +
                                     " does not apply: " + applied.status().message());
         }
+        replayed_record_bytes.emplace_back(d.new_version, record.size());
         history.push_back(RetainedVersion{Version(name, version, std::move(root)), segment_written[i]});
         root = std::move(*applied);
         version = d.new_version;
@@ -1515,16 +1546,26 @@ class StoreImpl final : public Store {
     // The WAL ended before the newest checkpoint (its tail was lost in a crash).
     if (newest_checkpoint > version) (void)jump_to_checkpoint(0);
     if (SyncsFiles()) CANOPY_RETURN_IF_ERROR(FsyncDir(dir));
+    // The newest checkpoint of the recovered history: what NewestCheckpoint
+    // answers (and a leader sends a joiner), though recovery may have started
+    // from an older one (the base of the retained window). It is checked
+    // when first opened.
     uint64_t newest_at_or_before = checkpoint_version;
     for (uint64_t cv : checkpoints) {
-      if (cv <= version) newest_at_or_before = std::max(newest_at_or_before, cv);
+      if (cv <= version && !unreadable.count(cv)) newest_at_or_before = std::max(newest_at_or_before, cv);
     }
     auto t = NewTreeState(name, Version(name, version, root));
     for (const auto& [id, v] : replayed_requests) {
       if (v <= version) t->requests.Record(id, v);
     }
-    t->checkpoint_version = checkpoint_version;
+    t->checkpoint_version = newest_at_or_before;
     t->commits_since_checkpoint = version - newest_at_or_before;
+    for (const auto& [v, bytes] : replayed_record_bytes) {
+      if (v > newest_at_or_before && v <= version) t->wal_bytes_since_checkpoint += bytes;
+    }
+    if (newest_at_or_before > 0) {
+      t->checkpoint_file_bytes = FileSize(JoinPath(dir, CheckpointName(newest_at_or_before))).value_or(0);
+    }
     t->wal->segments() = std::move(segments);
     t->history = std::move(history);
     return t;

@@ -106,6 +106,16 @@ const char* FsyncPolicyName(FsyncPolicy policy);
 // "always" | "batch" | "none"; InvalidArgument otherwise.
 Result<FsyncPolicy> ParseFsyncPolicy(std::string_view name);
 
+// Whether a checkpoint file of `checkpoint_bytes` (0: none) followed by
+// `wal_bytes` of WAL records is worth replacing by a fresh checkpoint: the
+// records reach half the file's size and at least `floor` bytes. Replaying
+// them (decode, apply, log) would cost a recovering or joining node about
+// what reading a fresh file costs. The store's own trigger
+// (StoreOptions::checkpoint_wal_bytes as the floor) and a leader choosing
+// the file to send a joiner use this one rule, so a leader does not rewrite
+// a file its store considers fresh.
+bool CheckpointIsStale(uint64_t checkpoint_bytes, uint64_t wal_bytes, uint64_t floor);
+
 struct StoreOptions {
   FsyncPolicy fsync = FsyncPolicy::kAlways;
   // kBatch: sync at least this often...
@@ -115,6 +125,14 @@ struct StoreOptions {
   // Write a checkpoint (in the background) after this many commits on a
   // tree since its last one; 0 disables automatic checkpoints.
   uint64_t checkpoint_every_commits = 10000;
+  // Also write one (in the background) once the WAL records written on a
+  // tree since its last checkpoint reach this many bytes, or half the size
+  // of that checkpoint file if that is more; 0 disables this trigger. The
+  // WAL replayed on recovery then stays smaller than the checkpoint it
+  // follows, and the newest file is what a joining replica is sent (a
+  // leader writes a fresh one first when the deltas after it reach half
+  // its size: CheckpointIsStale).
+  uint64_t checkpoint_wal_bytes = 4 << 20;
   // After an automatic checkpoint at version c, WAL segments holding only
   // deltas with new_version <= c - wal_retain_versions are deleted, so
   // replicas that lag by less than this can still catch up from the WAL

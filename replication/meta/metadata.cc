@@ -1019,13 +1019,15 @@ void MetadataService::Impl::OnChange(raft_change* r, int status) {
     status = rv;
   }
   self->Untrack(req);
+  // The view first: a caller woken below reads the new configuration
+  // (RaftMembers), as OnTransfer's callers read the new raft state.
+  self->RefreshView();
   if (status != 0) {
     req->done->Set(
         RaftStatus(status, fmt::format("membership change for node {}", req->id), self->raft_.errmsg));
   } else {
     req->done->Set(Done{});
   }
-  self->RefreshView();
   delete req;
 }
 

@@ -166,7 +166,8 @@ int RunNode(int argc, char** argv) {
   std::string http_address, http_port_file, metrics_address, metrics_port_file, config_file;
   uint32_t rf = 3, vnodes = 256;
   std::vector<std::string> raft_peers;
-  uint64_t checkpoint_every = 10000, wal_retain = 10000, wal_segment_bytes = 64 << 20;
+  uint64_t checkpoint_every = 10000, checkpoint_wal_bytes = 4 << 20, wal_retain = 10000,
+           wal_segment_bytes = 64 << 20;
   uint32_t heartbeat_ms = 100, failure_ms = 1500, raft_election_ms = 150, raft_rebalance_ms = 1000,
            handshake_ms = 5000, one_sided_poll_us = 1000;
   uint64_t keep_versions = 0, keep_seconds = 0;
@@ -199,6 +200,9 @@ int RunNode(int argc, char** argv) {
        "first start only)")
       ("checkpoint-every", po::value(&checkpoint_every)->default_value(10000),
        "write a tree checkpoint after this many commits")
+      ("checkpoint-wal-bytes", po::value(&checkpoint_wal_bytes)->default_value(4 << 20),
+       "also write one once the WAL since the last checkpoint reaches this many bytes, or half that "
+       "checkpoint's size if more (0: off); the newest checkpoint is what a joining node is sent")
       ("wal-retain", po::value(&wal_retain)->default_value(10000),
        "after a checkpoint keep WAL deltas for this many versions (lagging replicas beyond get a snapshot)")
       ("wal-segment-bytes", po::value(&wal_segment_bytes)->default_value(64 << 20), "WAL segment file size")
@@ -301,6 +305,7 @@ int RunNode(int argc, char** argv) {
   }
   o.store.fsync = *policy;
   o.store.checkpoint_every_commits = checkpoint_every;
+  o.store.checkpoint_wal_bytes = checkpoint_wal_bytes;
   o.store.wal_retain_versions = wal_retain;
   o.store.wal_segment_bytes = wal_segment_bytes;
   if (keep_versions == 0) throw UsageError("--keep-versions must be at least 1 (the latest version)");
