@@ -1737,7 +1737,9 @@ Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = checked_ / page * page;
   const size_t map_len = static_cast<size_t>(landed - start);
-  void* p = ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED, file_.get(), static_cast<off_t>(start));
+  // Every page of the range is read once, now: map them all in one call
+  // (MAP_POPULATE) rather than fault them in one at a time.
+  void* p = ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, file_.get(), static_cast<off_t>(start));
   if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
   const char* base = static_cast<const char*>(p) + (checked_ - start);
   const uint64_t avail = landed - checked_;

@@ -20,8 +20,10 @@
 # tcp://127.0.0.1), the ceiling of the transport itself: goal >= 0.9x.
 # Each tree reaches the joiner as its leader's checkpoint file sent whole
 # (SNAPSHOT_FILE: sendfile, spliced into the joiner's file; see
-# replication/README.md); the loaded trees have no checkpoint yet, so each
-# leader writes one when the joiner asks, inside the measured time.
+# replication/README.md). The sources' stores checkpoint by themselves as
+# the WAL grows (--checkpoint-wal-bytes, tree/README.md), so a leader sends
+# the newest file it has plus the deltas after it, and writes a fresh one
+# inside the measured time only when those deltas reach half the file.
 # On a disk too (issue 15): when BENCH_DISK_DIR (default /var/tmp) is on a
 # block device, each rep also joins with the joiner's data dir there, next to
 # dd on the same file system, once as the machine is and (as root, quick and
