@@ -921,6 +921,7 @@ Status MetadataService::Impl::AddMember(uint64_t id, const std::string& address,
       return;
     }
     if (existing && existing->role == RAFT_VOTER) {
+      RefreshView();  // RaftMembers shows the voter to the caller woken below
       done->Set(Done{});
       return;
     }
