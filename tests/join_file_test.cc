@@ -159,6 +159,48 @@ TEST(JoinFile, CheckpointFileSentWithBulkIsCheckedAndServedInPlace) {
   EXPECT_EQ(reopened->Latest(kTree)->Digest(), after);
 }
 
+// One node record spanning many pieces (a root attribute of 200 KiB: a
+// block of its own, 25 pieces of 8 KiB): the installer waits for the whole
+// block before it checks it, and a flipped byte inside it is still caught.
+TEST(JoinFile, BlockSpanningManyPiecesIsCheckedOnceWhole) {
+  TempDir dir;
+  auto src = SourceStore(dir.File("src"));
+  ASSERT_TRUE(src->CommitOps(kTree, {Op::PutAttribute({}, "big", testing::RandomBytes(200 << 10, 7))}).ok());
+  ASSERT_TRUE(src->Checkpoint(kTree).ok());
+  auto file = src->OpenNewestCheckpointFile(kTree);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const auto source_digest = src->Latest(kTree)->Digest();
+  auto dst = EmptyStore(dir.File("dst"));
+  {
+    auto in = dst->BeginSnapshotFileInstall(kTree, file->info);
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    uint64_t received = 0;
+    ASSERT_TRUE(Transfer(file->fd.get(), 0, file->info.bytes, **in, &received).ok());
+    auto v = (*in)->Finish();
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ(v->Digest(), source_digest);
+    EXPECT_EQ(v->root()->attribute("big"), src->Latest(kTree)->root()->attribute("big"));
+  }
+  // The record sits in the file's last blocks (post-order: the root last).
+  // The newest file has the greatest name (zero-padded versions).
+  std::string path;
+  for (const auto& e : fs::directory_iterator(src->dir() + "/trees/t")) {
+    if (e.path().extension() == ".snap" && e.path().string() > path) path = e.path().string();
+  }
+  ASSERT_FALSE(path.empty());
+  auto other = EmptyStore(dir.File("other"));
+  std::string bad = CorruptCopy(path, dir.File("bad"), file->info.bytes - (100 << 10));
+  auto fd = OpenFile(bad, O_RDONLY);
+  ASSERT_TRUE(fd.ok());
+  auto in = other->BeginSnapshotFileInstall(kTree, file->info);
+  ASSERT_TRUE(in.ok());
+  uint64_t received = 0;
+  Status s = Transfer(fd->get(), 0, file->info.bytes, **in, &received);
+  if (s.ok()) s = (*in)->Finish().status();
+  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+  EXPECT_FALSE(other->HasTree(kTree));
+}
+
 TEST(JoinFile, HugeAnnouncedSizeIsRefusedBeforeAnythingIsWritten) {
   TempDir dir;
   auto dst = EmptyStore(dir.File("dst"), /*max_file_bytes=*/64 << 20);

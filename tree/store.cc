@@ -1734,29 +1734,56 @@ Status FileInstallerImpl::Open(uint64_t offset) {
 
 Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
   if (landed <= checked_) return Status::Ok();
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t start = checked_ / page * page;
-  const size_t map_len = static_cast<size_t>(landed - start);
-  // Every page of the range is read once, now: map them all in one call
-  // (MAP_POPULATE) rather than fault them in one at a time.
-  void* p = ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, file_.get(), static_cast<off_t>(start));
-  if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
-  const char* base = static_cast<const char*>(p) + (checked_ - start);
-  const uint64_t avail = landed - checked_;
-  uint64_t pos = 0;
-  Status s;
-  while (avail - pos >= 8) {
-    auto len = SnapshotChunkLength(std::string_view(base + pos, 8));
-    if (!len.ok()) {
-      s = len.status();
+  // The blocks complete in [checked_, landed), found from their 8-byte
+  // headers alone (read from the page cache): a block still landing (one
+  // node record fills a block of its own, up to 255 MiB) is neither mapped
+  // nor scanned again for every piece that lands, which made a big block
+  // cost the square of its size.
+  uint64_t complete = checked_;
+  Status header_status;
+  while (landed - complete >= 8) {
+    char head[8];
+    ssize_t n = ::pread(file_.get(), head, sizeof head, static_cast<off_t>(complete));
+    if (n != static_cast<ssize_t>(sizeof head)) {
+      header_status = n < 0 ? ErrnoStatus(errno, "read " + path_)
+                            : Status::IOError(path_ + ": short read of a block header at byte " +
+                                              std::to_string(complete));
       break;
     }
-    if (*len > avail - pos) break;  // its end has not landed yet
-    s = reader_->AddChunk(std::string_view(base + pos, *len));
-    if (!s.ok()) break;
-    pos += *len;
+    auto len = SnapshotChunkLength(std::string_view(head, sizeof head));
+    if (!len.ok()) {
+      header_status = len.status();
+      break;
+    }
+    if (*len > landed - complete) break;  // its end has not landed yet
+    complete += *len;
   }
-  ::munmap(p, map_len);
+  uint64_t pos = 0;  // bytes after checked_ the reader accepted
+  Status s;
+  if (complete > checked_) {
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t start = checked_ / page * page;
+    const size_t map_len = static_cast<size_t>(complete - start);
+    // Every page of the range is read once, now: map them all in one call
+    // (MAP_POPULATE) rather than fault them in one at a time.
+    void* p =
+        ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, file_.get(), static_cast<off_t>(start));
+    if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
+    const char* base = static_cast<const char*>(p) + (checked_ - start);
+    const uint64_t avail = complete - checked_;
+    while (pos < avail) {
+      auto len = SnapshotChunkLength(std::string_view(base + pos, 8));  // read above: whole and valid
+      if (!len.ok()) {
+        s = len.status();
+        break;
+      }
+      s = reader_->AddChunk(std::string_view(base + pos, *len));
+      if (!s.ok()) break;
+      pos += *len;
+    }
+    ::munmap(p, map_len);
+  }
+  if (s.ok()) s = header_status;  // a bad header after the good blocks
   if (s.ok()) {
     checked_ += pos;
     return s;
