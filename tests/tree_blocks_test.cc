@@ -89,6 +89,50 @@ TEST(TreeBlocks, OpenedTreeIsLazyUntilTouched) {
   EXPECT_EQ(opened->Digest(), v.Digest());
 }
 
+// A decoded node leaves large attributes in the image (no copy) and copies
+// small ones; an image-backed value outlives every node of the image, the
+// file's name and the version it came from, and an edited copy shares it.
+TEST(TreeBlocks, LargeAttributesStayInTheImageAndKeepItAlive) {
+  TempDir tmp;
+  const std::string big = testing::RandomBytes(64 << 10, 3);
+  Transaction txn(Version("t", 0, Node::Empty()));
+  ASSERT_TRUE(txn.PutAttribute({}, "big", big).ok());
+  ASSERT_TRUE(txn.PutAttribute({}, "small", "s").ok());
+  auto child = txn.AppendChild({});
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(txn.PutAttribute(*child, "big", big).ok());
+  Version v("t", 1, txn.root());
+  std::string path = tmp.File("checkpoint.snap");
+  std::ofstream(path, std::ios::binary) << Join(EncodeSnapshotChunks(v));
+
+  NodePtr edited;
+  {
+    auto opened = OpenSnapshotFile(path);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    std::filesystem::remove(path);
+    const Node& root = *opened->root();
+    ASSERT_EQ(root.attribute_count(), 2u);
+    const AttributeVector& attrs = root.attribute_vector();
+    EXPECT_TRUE(attrs[0]->in_image());    // "big"
+    EXPECT_FALSE(attrs[1]->in_image());   // "small"
+    EXPECT_LT(root.OwnBytes(), size_t{4096});  // the value is not on the heap
+    Transaction t(*opened);
+    ASSERT_TRUE(t.PutAttribute({}, "small", "changed").ok());
+    edited = t.root();
+    EXPECT_EQ(edited->attribute_vector()[0].get(), attrs[0].get());  // shared, not copied
+  }
+  // The version, its lazy nodes and the file's name are gone; the edited
+  // root's big values (the root's own, and its still lazy child's) remain.
+  EXPECT_EQ(*edited->attribute("big"), big);
+  EXPECT_EQ(*edited->attribute("small"), "changed");
+  EXPECT_EQ(*edited->child(0)->attribute("big"), big);
+  // Re-encoding reads the values from the image.
+  Version again("t", 2, edited);
+  auto back = DecodeSnapshotChunks(EncodeSnapshotChunks(again, 4096));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(TreesEqual(back->root(), edited));
+}
+
 TEST(TreeBlocks, EncodingAnOpenedTreeCopiesItsBytesAndEditsStayCorrect) {
   Version v = RandomTree(3000, 12, 200);
   auto chunks = EncodeSnapshotChunks(v, 8192);

@@ -5,6 +5,7 @@
 #include <new>
 #include <utility>
 
+#include "tree/node_image.h"
 #include "tree/node_impl.h"
 #include "tree/snapshot.h"
 #include "tree/version.h"
@@ -32,12 +33,26 @@ AttributePtr AttributeBlob::Make(std::string_view key, std::string_view value) {
   return AttributePtr::Adopt(b);
 }
 
+AttributePtr AttributeBlob::InImage(const NodeImage* image, std::string_view key, std::string_view value) {
+  void* mem = ::operator new(sizeof(AttributeBlob) + sizeof(ImageBytes));
+  auto* b = new (mem) AttributeBlob(static_cast<uint32_t>(key.size()), value.size() | kInImage);
+  RefAdd(image);
+  new (b + 1) ImageBytes{key.data(), value.data(), image};
+  return AttributePtr::Adopt(b);
+}
+
+size_t AttributeBlob::HeapBytes() const {
+  return sizeof(AttributeBlob) + (in_image() ? sizeof(ImageBytes) : key_len_ + value().size());
+}
+
 void RefAdd(const AttributeBlob* b) noexcept { b->refs_.fetch_add(1, std::memory_order_relaxed); }
 
 void RefRelease(const AttributeBlob* b) noexcept {
   if (b->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  const NodeImage* image = b->in_image() ? b->image_bytes()->image : nullptr;
   b->~AttributeBlob();
   ::operator delete(const_cast<AttributeBlob*>(b));
+  if (image != nullptr) RefRelease(image);
 }
 
 // ---------------------------------------------------------------- nodes
@@ -108,7 +123,7 @@ size_t Node::OwnBytes() const {
   Load();
   size_t bytes = sizeof(Node) + children_.ChunkBytes() + attributes_.ChunkBytes();
   attributes_.ForEach([&](const AttributePtr& b) {
-    bytes += sizeof(AttributeBlob) + b->key().size() + b->value().size();
+    bytes += b->HeapBytes();
   });
   return bytes;
 }

@@ -9,8 +9,10 @@
 // - a Node is 24 bytes: its reference count, a PersistentVector of children
 //   and a PersistentVector of attributes (tree/persistent_vector.h: 32-way
 //   chunked, O(log32 n) edits with structural sharing);
-// - an attribute is one immutable heap blob holding key and value, shared by
-//   reference between every version (and every copy of a node) that has it;
+// - an attribute is one immutable blob holding key and value (or, when it
+//   was decoded from a block image, pointing at them in the image), shared
+//   by reference between every version (and every copy of a node) that has
+//   it;
 //   the attribute sequence is keyed by blob (AttributeVector): its inner
 //   chunks keep each child's first blob, so attribute(key) and a put read
 //   one blob per probe, not the first leaf of every probed child;
@@ -28,7 +30,11 @@
 // at its record in the image. A lazy node decodes its own record (attributes,
 // and one lazy node per child) the first time anything reads it, then drops
 // its reference to the image; until then it costs its 40 bytes and nothing
-// else. Decoding is thread-safe (a striped lock; readers of an already
+// else. Decoding copies small attributes onto the heap; a large one (key and
+// value at least kImageAttributeBytes) stays in the image, and its blob holds
+// a reference to the image instead. So an image (a checkpoint file's
+// mapping: its disk space too, once the store has deleted the file) lives as
+// long as any lazy node or any such attribute of it does, in any version. Decoding is thread-safe (a striped lock; readers of an already
 // decoded node pay one acquire load) and cannot fail: the image was fully
 // checked (CRCs and structure) before any lazy node was made.
 //
@@ -74,23 +80,55 @@ struct AttributeView {
   bool operator==(const AttributeView&) const = default;
 };
 
-// One stored attribute: a reference count, the two lengths, then key and
-// value bytes in the same allocation. Private to canopy::tree's node code;
-// public only so that NodePtr-holding containers can name it.
+class NodeImage;  // tree/node_image.h (private): a checked block image
+
+// One stored attribute: a reference count and the two lengths, then either
+// the key and value bytes in the same allocation (Make), or, for an
+// attribute decoded from a block image (InImage), a pointer to its bytes in
+// that image and one counted reference to the image, which keeps those
+// bytes (a heap buffer, or the mapping of a checkpoint file) alive as long
+// as the blob is. Editing a node opened lazily from a checkpoint therefore
+// copies none of its values, however large. Private to canopy::tree's node
+// code; public only so that NodePtr-holding containers can name it.
 class AttributeBlob {
  public:
+  // Decoding a lazy node leaves attributes of at least this many bytes (key
+  // plus value) in the image rather than copying them.
+  static constexpr size_t kImageAttributeBytes = 256;
   static RefPtr<const AttributeBlob> Make(std::string_view key, std::string_view value);
-  std::string_view key() const { return {data(), key_len_}; }
-  std::string_view value() const { return {data() + key_len_, value_len_}; }
+  // key and value lie inside `image`'s bytes; takes one reference to `image`.
+  static RefPtr<const AttributeBlob> InImage(const NodeImage* image, std::string_view key, std::string_view value);
+  std::string_view key() const {
+    if (in_image()) [[unlikely]]
+      return {image_bytes()->key, key_len_};
+    return {inline_bytes(), key_len_};
+  }
+  std::string_view value() const {
+    if (in_image()) [[unlikely]]
+      return {image_bytes()->value, value_len_ & ~kInImage};
+    return {inline_bytes() + key_len_, value_len_};
+  }
+  // Whether the bytes live in a block image rather than in this allocation.
+  bool in_image() const { return (value_len_ & kInImage) != 0; }
+  // Heap bytes this blob takes (an image-backed blob's bytes are the image's).
+  size_t HeapBytes() const;
 
  private:
+  static constexpr uint64_t kInImage = uint64_t{1} << 63;  // flag in value_len_
+  // What follows the header of an image-backed blob instead of the bytes.
+  struct ImageBytes {
+    const char* key;
+    const char* value;
+    const NodeImage* image;
+  };
   AttributeBlob(uint32_t key_len, uint64_t value_len) : key_len_(key_len), value_len_(value_len) {}
-  const char* data() const { return reinterpret_cast<const char*>(this + 1); }
+  const char* inline_bytes() const { return reinterpret_cast<const char*>(this + 1); }
+  const ImageBytes* image_bytes() const { return reinterpret_cast<const ImageBytes*>(this + 1); }
   friend void RefAdd(const AttributeBlob* b) noexcept;
   friend void RefRelease(const AttributeBlob* b) noexcept;
   mutable std::atomic<uint32_t> refs_{1};
   uint32_t key_len_;
-  uint64_t value_len_;
+  uint64_t value_len_;  // top bit: kInImage
 };
 using AttributePtr = RefPtr<const AttributeBlob>;
 
@@ -104,7 +142,6 @@ using AttributeVector = PersistentVector<AttributePtr, AttributeKeyOf>;
 
 class Node;
 using NodePtr = RefPtr<const Node>;
-class NodeImage;  // tree/node_image.h (private): a checked block image
 
 void RefAdd(const Node* n) noexcept;
 void RefRelease(const Node* n) noexcept;

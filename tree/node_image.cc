@@ -132,7 +132,11 @@ void Node::Decode() const {
     uint64_t v = TakeVarint(&p);
     std::string_view value(p, v);
     p += v;
-    attrs.push_back(AttributeBlob::Make(key, value));
+    if (key.size() + value.size() >= AttributeBlob::kImageAttributeBytes) {
+      attrs.push_back(AttributeBlob::InImage(img, key, value));
+    } else {
+      attrs.push_back(AttributeBlob::Make(key, value));
+    }
   }
   std::vector<NodePtr> kids;
   kids.reserve(r.child_count);
