@@ -124,24 +124,18 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
                                           const Subscribe* resume) {
   CANOPY_ASSIGN_OR_RETURN(uint64_t latest, store->LatestVersion(tree_name));
   if (latest == 0) return false;  // the empty tree: nothing worth a file
-  // Usable: the WAL holds every delta after it (so the stream can continue).
-  auto usable = [&](const Result<tree::CheckpointFile>& f) {
-    return f.ok() && f->info.version > 0 &&
-           (f->info.version == latest || store->ReadDeltasSince(tree_name, f->info.version, 1).ok());
-  };
+  // Usable: a file of a version after the empty tree (the WAL holds every
+  // delta after the newest checkpoint, tree::CheckpointFile).
+  auto usable = [&](const Result<tree::CheckpointFile>& f) { return f.ok() && f->info.version > 0; };
   // Stale: the deltas after it are worth a fresh file (tree::CheckpointIsStale,
   // the rule the store's own checkpoint trigger follows, so a file the store
   // keeps fresh by itself is sent as it is). The replica would replay
-  // (decode, apply, log) them all.
+  // (decode, apply, log) them all. The store counts those bytes as it logs
+  // them: no WAL is read here.
   const uint64_t floor = store->options().checkpoint_wal_bytes;
   auto stale = [&](const tree::CheckpointFile& f) {
     if (f.info.version == latest) return false;
-    const uint64_t enough = std::max(floor, f.info.bytes / 2) + 1;
-    auto tail = store->ReadDeltasSince(tree_name, f.info.version, enough);
-    if (!tail.ok()) return true;
-    uint64_t bytes = 0;
-    for (const auto& d : *tail) bytes += d.size();
-    return tree::CheckpointIsStale(f.info.bytes, bytes, floor);
+    return tree::CheckpointIsStale(f.info.bytes, f.wal_bytes_after, floor);
   };
   // Preparing the file can take a while: a checkpoint may have to be
   // written first, or another stream of this tree is writing one (seconds

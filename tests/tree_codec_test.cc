@@ -103,6 +103,31 @@ TEST(TreeCodec, DeltaEveryTruncationAndExtensionIsDetected) {
   EXPECT_TRUE(DecodeDelta(enc + "x").status().IsCorruption());
 }
 
+// The header-only read (WAL scans that hand records on whole) sees the same
+// identity as DecodeDelta, with or without a request id, and refuses every
+// flipped byte and every truncation just as DecodeDelta does.
+TEST(TreeCodec, DeltaHeaderReadsTheIdentityAndCatchesEveryFlipAndCut) {
+  for (bool with_request : {false, true}) {
+    Delta d = SampleDelta();
+    if (with_request) d.request = RequestId{"client-9", 3};
+    const std::string enc = EncodeDelta(d);
+    auto h = DecodeDeltaHeader(enc);
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    EXPECT_EQ(h->tree, d.tree);
+    EXPECT_EQ(h->base_version, d.base_version);
+    EXPECT_EQ(h->new_version, d.new_version);
+    for (size_t n = 0; n < enc.size(); ++n) {
+      EXPECT_TRUE(DecodeDeltaHeader(std::string_view(enc).substr(0, n)).status().IsCorruption()) << n;
+    }
+    EXPECT_TRUE(DecodeDeltaHeader(enc + "x").status().IsCorruption());
+    for (size_t i = 0; i < enc.size(); ++i) {
+      std::string bad = enc;
+      bad[i] = static_cast<char>(bad[i] ^ 0x01);
+      EXPECT_TRUE(DecodeDeltaHeader(bad).status().IsCorruption()) << i;
+    }
+  }
+}
+
 TEST(TreeCodec, DeltaHugeCountsWithValidCrcDoNotAllocate) {
   // A well-formed frame (right length and CRC) whose op count claims 2^60 ops.
   std::string body;

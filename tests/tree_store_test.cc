@@ -856,6 +856,18 @@ TEST(TreeStore, CheckpointIsStaleOnceTheWalReachesHalfTheFileAndTheFloor) {
 // StoreOptions::checkpoint_wal_bytes: a checkpoint once the WAL records
 // since the last one reach the floor or half that checkpoint's size,
 // counted across a restart too.
+// The newest checkpoint file's wal_bytes_after is exactly the size of the
+// WAL records after it (what a sender would otherwise read to weigh it).
+void ExpectWalBytesAfterNewestCheckpoint(Store& store) {
+  auto file = store.OpenNewestCheckpointFile("t");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tail = store.ReadDeltasSince("t", file->info.version);
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  uint64_t bytes = 0;
+  for (const auto& d : *tail) bytes += d.size();
+  EXPECT_EQ(file->wal_bytes_after, bytes) << "after checkpoint " << file->info.version;
+}
+
 TEST(TreeStore, CheckpointsFollowTheWalBytesSinceTheLastOne) {
   TempDir tmp;
   StoreOptions o = Opts(FsyncPolicy::kNone);
@@ -889,6 +901,7 @@ TEST(TreeStore, CheckpointsFollowTheWalBytesSinceTheLastOne) {
     // Now half of that file counts: 7 records (~140 KB) are not enough.
     for (int i = 0; i < 4; ++i) commit(*store, small);
     EXPECT_EQ(newest(*store), 5u);
+    ExpectWalBytesAfterNewestCheckpoint(*store);
   }
   // The WAL since checkpoint 5 is counted again on recovery.
   auto store = OpenOrDie(tmp.path(), o);
@@ -896,8 +909,10 @@ TEST(TreeStore, CheckpointsFollowTheWalBytesSinceTheLastOne) {
   EXPECT_EQ(newest(*store), 5u);
   for (int i = 0; i < 3; ++i) commit(*store, small);
   EXPECT_EQ(newest(*store), 5u);
+  ExpectWalBytesAfterNewestCheckpoint(*store);  // counted on recovery too
   commit(*store, small);
   wait_for(*store, 13);
+  ExpectWalBytesAfterNewestCheckpoint(*store);
   ExpectNumbered(*store->Latest("t"));
 }
 

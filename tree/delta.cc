@@ -100,7 +100,10 @@ std::string EncodeDelta(const Delta& delta) {
   return out;
 }
 
-Result<Delta> DecodeDelta(std::string_view encoded) {
+namespace {
+// The checked body of a delta (after magic and length, before the CRC);
+// sets *magic.
+Result<std::string_view> CheckedDeltaBody(std::string_view encoded, uint32_t* magic_out) {
   if (encoded.size() < kDeltaMinBytes) {
     return Status::Corruption("delta of " + std::to_string(encoded.size()) + " bytes is too short");
   }
@@ -114,8 +117,26 @@ Result<Delta> DecodeDelta(std::string_view encoded) {
   uint32_t want_crc = DecodeFixed32(encoded.data() + encoded.size() - 4);
   uint32_t have_crc = crc32c::Value(encoded.data(), encoded.size() - 4);
   if (want_crc != have_crc) return Status::Corruption("delta: CRC32C mismatch");
+  *magic_out = magic;
+  return encoded.substr(8, encoded.size() - 12);
+}
+}  // namespace
 
-  ByteReader r(encoded.substr(8, encoded.size() - 12));
+Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded) {
+  uint32_t magic = 0;
+  CANOPY_ASSIGN_OR_RETURN(std::string_view body, CheckedDeltaBody(encoded, &magic));
+  ByteReader r(body);
+  DeltaHeader h;
+  CANOPY_ASSIGN_OR_RETURN(h.tree, r.ReadLengthPrefixed());
+  CANOPY_ASSIGN_OR_RETURN(h.base_version, r.ReadFixed64());
+  CANOPY_ASSIGN_OR_RETURN(h.new_version, r.ReadFixed64());
+  return h;
+}
+
+Result<Delta> DecodeDelta(std::string_view encoded) {
+  uint32_t magic = 0;
+  CANOPY_ASSIGN_OR_RETURN(std::string_view body, CheckedDeltaBody(encoded, &magic));
+  ByteReader r(body);
   Delta d;
   CANOPY_ASSIGN_OR_RETURN(std::string_view name, r.ReadLengthPrefixed());
   d.tree = std::string(name);

@@ -95,6 +95,20 @@ std::string EncodeDelta(const Delta& delta);
 // Corruption on any malformed, truncated or altered input.
 Result<Delta> DecodeDelta(std::string_view encoded);
 
+// What DecodeHeader reads: the delta's identity, without its ops.
+struct DeltaHeader {
+  std::string_view tree;  // points into the encoding
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+};
+// Checks the magic, the length and the CRC exactly as DecodeDelta does and
+// reads tree and versions; the ops are not parsed (or copied), so a record
+// DecodeDelta would refuse for malformed ops behind a valid CRC passes here.
+// For readers that only route or count whole records (a WAL scan for the
+// deltas after a version); whoever applies a delta decodes it with
+// DecodeDelta.
+Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded);
+
 // Applies `ops` in order to `root` by path copying and returns the new root;
 // `root` itself is never modified. InvalidArgument (naming the op and path) if
 // an op addresses a node or child index that does not exist, or deletes a

@@ -245,6 +245,10 @@ struct TreeState {
   size_t recent_bytes = 0;
   // REQUIRES: mu held; `version` is latest + 1's record just written.
   void RememberRecentLocked(uint64_t version, std::string_view record) {
+    if (record.size() > kRecentDeltaBytes) {  // would leave at once: copy nothing
+      ForgetRecentLocked(UINT64_MAX);
+      return;
+    }
     if (!recent.empty() && recent.back().first + 1 != version) ForgetRecentLocked(UINT64_MAX);
     recent.emplace_back(version, std::string(record));
     recent_bytes += record.size();
@@ -857,7 +861,7 @@ class StoreImpl final : public Store {
               if (bytes >= max_bytes || expected_base >= latest) return stop;
               return Status::Ok();
             },
-            start);
+            start, /*headers_only=*/true);
         if (start == 0 || out.size() > had) break;
         start = 0;  // the cursor led nowhere (stale): read the segment whole
       }
@@ -922,10 +926,11 @@ class StoreImpl final : public Store {
     // checked; it stays readable if the file is deleted later.
     CANOPY_ASSIGN_OR_RETURN(Version v, NewestCheckpoint(tree));
     std::lock_guard mlk(t->maintenance_mu);
-    uint64_t cv = 0;
+    uint64_t cv = 0, wal_bytes_after = 0;
     {
       std::lock_guard lk(t->mu);
       cv = t->checkpoint_version;
+      wal_bytes_after = t->wal_bytes_since_checkpoint;
     }
     if (cv != v.number()) return Status::Unavailable(TreeLabel(*t) + ": a newer checkpoint is being written");
     std::string path = JoinPath(t->dir, CheckpointName(cv));
@@ -934,6 +939,7 @@ class StoreImpl final : public Store {
     if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat " + path);
     CheckpointFile f;
     f.info = CheckpointFileInfo{cv, static_cast<uint64_t>(st.st_size), v.Digest()};
+    f.wal_bytes_after = wal_bytes_after;
     f.fd = std::move(fd);
     return f;
   }
@@ -1740,6 +1746,7 @@ Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
   // nor scanned again for every piece that lands, which made a big block
   // cost the square of its size.
   uint64_t complete = checked_;
+  std::vector<uint64_t> lengths;  // of the complete blocks, in order
   Status header_status;
   while (landed - complete >= 8) {
     char head[8];
@@ -1756,6 +1763,7 @@ Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
       break;
     }
     if (*len > landed - complete) break;  // its end has not landed yet
+    lengths.push_back(*len);
     complete += *len;
   }
   uint64_t pos = 0;  // bytes after checked_ the reader accepted
@@ -1770,16 +1778,10 @@ Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
         ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, file_.get(), static_cast<off_t>(start));
     if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
     const char* base = static_cast<const char*>(p) + (checked_ - start);
-    const uint64_t avail = complete - checked_;
-    while (pos < avail) {
-      auto len = SnapshotChunkLength(std::string_view(base + pos, 8));  // read above: whole and valid
-      if (!len.ok()) {
-        s = len.status();
-        break;
-      }
-      s = reader_->AddChunk(std::string_view(base + pos, *len));
+    for (uint64_t len : lengths) {
+      s = reader_->AddChunk(std::string_view(base + pos, len));
       if (!s.ok()) break;
-      pos += *len;
+      pos += len;
     }
     ::munmap(p, map_len);
   }

@@ -237,8 +237,13 @@ struct CheckpointFileInfo {
 // An open checkpoint file to send whole (Store::OpenNewestCheckpointFile).
 // The descriptor stays readable even if the store deletes the file (a newer
 // checkpoint) while it is being sent. Move-only; closes on destruction.
+// The WAL holds every delta after it (the store never truncates past its
+// newest checkpoint), and wal_bytes_after says how many record bytes those
+// deltas took when it was opened: what a sender weighs against the file's
+// size (CheckpointIsStale) without reading the WAL.
 struct CheckpointFile {
   CheckpointFileInfo info;
+  uint64_t wal_bytes_after = 0;
   UniqueFd fd;
 };
 

@@ -115,7 +115,7 @@ Status BufferedFileReader::SeekTo(uint64_t offset) {
 
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
-                                uint64_t start_offset) {
+                                uint64_t start_offset, bool headers_only) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path, limit);
   if (start_offset > 0) CANOPY_RETURN_IF_ERROR(in.SeekTo(start_offset));
@@ -147,7 +147,19 @@ Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
       torn("record of " + std::to_string(len) + " bytes cut short at " + std::to_string(rec.size()));
       break;
     }
-    auto delta = DecodeDelta(rec);
+    Result<Delta> delta = Delta{};
+    if (headers_only) {
+      auto header = DecodeDeltaHeader(rec);
+      if (header.ok()) {
+        delta->tree = std::string(header->tree);
+        delta->base_version = header->base_version;
+        delta->new_version = header->new_version;
+      } else {
+        delta = header.status();
+      }
+    } else {
+      delta = DecodeDelta(rec);
+    }
     if (!delta.ok()) {
       torn(delta.status().message());
       break;

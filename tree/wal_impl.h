@@ -72,9 +72,12 @@ struct SegmentScan {
 // errors. `start_offset` skips the bytes before it unread: it must be a record
 // boundary (0, or the end of a record an earlier scan of this file passed to
 // `record`, i.e. its start plus encoded.size()); anything else reads as torn.
+// With `headers_only` each record is checked by DecodeDeltaHeader (magic,
+// length, CRC) and `delta` carries only its tree and versions (no ops): for
+// scans that hand records on whole, which then copy no values.
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
-                                uint64_t start_offset = 0);
+                                uint64_t start_offset = 0, bool headers_only = false);
 
 // Appends records to the active segment of one tree. Not thread-safe: the
 // owner serialises calls (the tree mutex).
