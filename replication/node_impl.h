@@ -486,6 +486,10 @@ struct Node::Impl {
   SliceReply SliceLocal(const SliceRequest& req);
   SliceReply SliceAtLeader(const SliceRequest& req);
   SliceReply SliceAtQuorum(const SliceRequest& req);
+  // A QUORUM read the owners' answers cannot settle (copies of different
+  // epochs disagree, `why`), answered by the tree's leader at LEADER level;
+  // Unavailable naming `why` when the leader cannot be asked.
+  SliceReply QuorumReadFromLeader(const SliceRequest& req, const std::string& why);
   // The newest version a quorum of the tree's replica set holds durably.
   uint64_t QuorumDurableLocked(const std::string& tree_name, uint32_t* replicas);
   // The metadata state from a raft barrier that started after this call;

@@ -267,6 +267,9 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
   Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
   uint32_t answered = 0;
   std::optional<SliceReply> best;
+  // The newest version any answer held, and whether one held a newer
+  // version than `best` under an older data epoch (see below).
+  uint64_t newest_version = 0;
   std::string failures;
   std::string not_found;
   for (const auto& [id, peer_uri] : owners) {
@@ -293,6 +296,7 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
     // commit), or without that path, answers NotFound: it counts, holding nothing.
     if (r.status.code == StatusCode::kOk) {
       ++answered;
+      newest_version = std::max(newest_version, r.version);
       if (!best || std::make_pair(r.data_epoch, r.version) > std::make_pair(best->data_epoch, best->version)) {
         best = std::move(r);
       }
@@ -317,7 +321,51 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
         "none of a quorum of owners holds {} at path /{}: {}", req.tree, fmt::join(req.path, "/"), not_found)));
     return reply;
   }
+  if (newest_version > best->version) {
+    // The copies disagree across a failover: the newest epoch's copy is
+    // behind another copy of an older epoch. A replica takes the new
+    // leader's epoch when its stream starts, before it has caught up, so
+    // that copy may lack writes acknowledged under the old epoch; the older
+    // epoch's newer versions may be acknowledged writes, or the dead
+    // leader's unacknowledged suffix. Neither copy can be returned safely:
+    // the tree's leader decides, at LEADER level (linearizable).
+    return QuorumReadFromLeader(req, fmt::format("node {} holds version {} at epoch {}, another owner version {}",
+                                                 best->answered_by, best->version, best->data_epoch,
+                                                 newest_version));
+  }
   return std::move(*best);
+}
+
+SliceReply Node::Impl::QuorumReadFromLeader(const SliceRequest& req, const std::string& why) {
+  SliceRequest at_leader = req;
+  at_leader.level = ReadLevel::kLeader;
+  std::string leader, leader_uri;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    leader = LeadershipLocked(req.tree).leader;
+    leader_uri = UriOfLocked(leader);
+  }
+  if (leader == node_id) return SliceAtLeader(at_leader);
+  Status error;
+  if (!leader.empty() && !leader_uri.empty()) {
+    if (auto c = TakePeerClient(leader_uri, &error)) {
+      auto got = c->Slice(at_leader);
+      if (got.ok()) {
+        ReturnPeerClient(leader_uri, std::move(c));
+        return std::move(*got);
+      }
+      error = got.status();
+    }
+  } else {
+    error = Status::Unavailable("no leader known");
+  }
+  SliceReply reply;
+  reply.answered_by = node_id;
+  reply.status = StatusReplyFields::From(Status::Unavailable(
+      fmt::format("QUORUM read of {}: the owners' copies disagree across a failover ({}), and the leader {} could "
+                  "not settle it: {}",
+                  req.tree, why, leader.empty() ? "(none)" : leader, error.ToString())));
+  return reply;
 }
 
 }  // namespace canopy::replication
