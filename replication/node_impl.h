@@ -498,6 +498,9 @@ struct Node::Impl {
   // A pooled client connection to a peer (read_pool_mu), and its return.
   std::unique_ptr<Client> TakePeerClient(const std::string& peer_uri, Status* error);
   void ReturnPeerClient(const std::string& peer_uri, std::unique_ptr<Client> c);
+  // `req` sent to a peer on a pooled client (returned to the pool when the
+  // call succeeded); the connection's or the call's error otherwise.
+  Result<SliceReply> SliceFromPeer(const std::string& peer_uri, const SliceRequest& req);
 
   std::mutex fence_mu;  // never held with mu
   std::condition_variable fence_cv;

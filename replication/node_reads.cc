@@ -244,6 +244,15 @@ std::unique_ptr<Client> Node::Impl::TakePeerClient(const std::string& peer_uri, 
   return std::move(*c);
 }
 
+Result<SliceReply> Node::Impl::SliceFromPeer(const std::string& peer_uri, const SliceRequest& req) {
+  Status error;
+  auto c = TakePeerClient(peer_uri, &error);
+  if (!c) return error;
+  auto got = c->Slice(req);
+  if (got.ok()) ReturnPeerClient(peer_uri, std::move(c));  // a failed connection is not reused
+  return got;
+}
+
 void Node::Impl::ReturnPeerClient(const std::string& peer_uri, std::unique_ptr<Client> c) {
   std::lock_guard<std::mutex> lock(read_pool_mu);
   auto& idle = read_pool[peer_uri];
@@ -267,8 +276,8 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
   Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
   uint32_t answered = 0;
   std::optional<SliceReply> best;
-  // The newest version any answer held, and whether one held a newer
-  // version than `best` under an older data epoch (see below).
+  // The newest version any answer held: newer than best's only when an
+  // older data epoch's copy holds it (see below).
   uint64_t newest_version = 0;
   std::string failures;
   std::string not_found;
@@ -278,18 +287,11 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
     if (id == node_id) {
       r = SliceLocal(one);
     } else {
-      Status error;
-      auto c = TakePeerClient(peer_uri, &error);
-      if (!c) {
-        failures += fmt::format("; node {}: {}", id, error.ToString());
-        continue;
-      }
-      auto got = c->Slice(one);
+      auto got = SliceFromPeer(peer_uri, one);
       if (!got.ok()) {
         failures += fmt::format("; node {}: {}", id, got.status().ToString());
         continue;
       }
-      ReturnPeerClient(peer_uri, std::move(c));
       r = std::move(*got);
     }
     // An owner without a copy yet (replicas get one with the tree's first
@@ -346,18 +348,11 @@ SliceReply Node::Impl::QuorumReadFromLeader(const SliceRequest& req, const std::
     leader_uri = UriOfLocked(leader);
   }
   if (leader == node_id) return SliceAtLeader(at_leader);
-  Status error;
+  Status error = Status::Unavailable("no leader known");
   if (!leader.empty() && !leader_uri.empty()) {
-    if (auto c = TakePeerClient(leader_uri, &error)) {
-      auto got = c->Slice(at_leader);
-      if (got.ok()) {
-        ReturnPeerClient(leader_uri, std::move(c));
-        return std::move(*got);
-      }
-      error = got.status();
-    }
-  } else {
-    error = Status::Unavailable("no leader known");
+    auto got = SliceFromPeer(leader_uri, at_leader);
+    if (got.ok()) return std::move(*got);
+    error = got.status();
   }
   SliceReply reply;
   reply.answered_by = node_id;
