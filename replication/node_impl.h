@@ -126,6 +126,8 @@ class CommitPipeline;
 struct StreamSender {
   StreamSender(transport::Connection& c, std::string r, std::string t, uint64_t e, uint64_t s)
       : conn(c), replica(std::move(r)), tree(std::move(t)), epoch(e), sent(s) {}
+  // The stream's connection, owned by LeadStream: use it only with send_mu
+  // held and `open` true.
   transport::Connection& conn;
   const std::string replica;
   const std::string tree;
@@ -481,7 +483,11 @@ struct Node::Impl {
   // ================================================ node_reads.cc: SLICE reads
   SliceReply HandleSlice(const SliceRequest& req);
   // `req`'s node and child slice in version `v` (status set on a bad path).
-  SliceReply SliceAt(const tree::Version& v, const SliceRequest& req);
+  // `data_epoch` is the tree's data epoch read BEFORE `v` was taken (see
+  // DataEpoch): a copy is tagged with an epoch only once it holds that
+  // epoch's takeover version, so a tag read first never outranks `v`.
+  SliceReply SliceAt(const tree::Version& v, const SliceRequest& req, uint64_t data_epoch);
+  uint64_t DataEpoch(const std::string& tree);
   // ONE: this node's newest (or the retained req.version).
   SliceReply SliceLocal(const SliceRequest& req);
   SliceReply SliceAtLeader(const SliceRequest& req);

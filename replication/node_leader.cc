@@ -323,15 +323,17 @@ void Node::Impl::PushCommit(const std::string& tree_name,
       bool any = false;
       bool deferred = false;
       Status pushed = SendDeltasLocked(*s, kDirectSendBytes, &any, &acked, &deferred);
+      // A broken stream is closed here, still under send_mu: s->conn is the
+      // stream's connection, alive only while s->open; once we unlock, the
+      // stream may end and its connection be destroyed.
+      if (!pushed.ok() && !pushed.IsNotFound()) s->conn.Close();
       send_lock.unlock();
       if (deferred) {
         wake = true;  // the replica is too far behind (stalled?), or too much at once: its thread sends
         break;
       }
       if (!pushed.ok()) {
-        // A snapshot is needed, or the stream broke: its thread sees to it.
-        if (!pushed.IsNotFound()) s->conn.Close();
-        wake = true;
+        wake = true;  // a snapshot is needed, or the stream broke: its thread sees to it
         break;
       }
       if (!any) break;

@@ -42,15 +42,17 @@ void CopyAttributes(const tree::Node& n, std::map<std::string, std::string>* out
 
 }  // namespace
 
-SliceReply Node::Impl::SliceAt(const tree::Version& v, const SliceRequest& req) {
+uint64_t Node::Impl::DataEpoch(const std::string& tree) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = trees.find(tree);
+  return it == trees.end() ? 0 : it->second.data_epoch;
+}
+
+SliceReply Node::Impl::SliceAt(const tree::Version& v, const SliceRequest& req, uint64_t data_epoch) {
   SliceReply reply;
   reply.version = v.number();
   reply.answered_by = node_id;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = trees.find(req.tree);
-    if (it != trees.end()) reply.data_epoch = it->second.data_epoch;
-  }
+  reply.data_epoch = data_epoch;
   auto n = v.Find(tree::NodePath(req.path.begin(), req.path.end()));
   if (!n.ok()) {
     reply.status = StatusReplyFields::From(n.status());
@@ -80,6 +82,7 @@ SliceReply Node::Impl::SliceAt(const tree::Version& v, const SliceRequest& req) 
 }
 
 SliceReply Node::Impl::SliceLocal(const SliceRequest& req) {
+  const uint64_t data_epoch = DataEpoch(req.tree);  // before the version: see SliceAt
   auto v = req.version == 0 ? store->Latest(req.tree) : store->At(req.tree, req.version);
   if (!v.ok()) {
     SliceReply reply;
@@ -89,7 +92,7 @@ SliceReply Node::Impl::SliceLocal(const SliceRequest& req) {
     reply.status = StatusReplyFields::From(s);
     return reply;
   }
-  return SliceAt(*v, req);
+  return SliceAt(*v, req, data_epoch);
 }
 
 SliceReply Node::Impl::HandleSlice(const SliceRequest& req) {
@@ -212,12 +215,13 @@ SliceReply Node::Impl::SliceAtLeader(const SliceRequest& req) {
         *arrived, req.tree, replicas, committed, req.timeout_ms)));
     return reply;
   }
+  const uint64_t data_epoch = DataEpoch(req.tree);  // before the version: see SliceAt
   auto v = store->At(req.tree, committed);
   if (!v.ok()) {
     reply.status = StatusReplyFields::From(v.status().WithContext("node " + node_id));
     return reply;
   }
-  reply = SliceAt(*v, req);
+  reply = SliceAt(*v, req, data_epoch);
   return reply;
 }
 

@@ -100,9 +100,15 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   }
   uint64_t have = store->HasTree(tree_name) ? store->LatestVersion(tree_name).value_or(0) : 0;
   uint64_t data_epoch = 0;
+  // The leader's version when it took this epoch over (0 without metadata,
+  // or for the first epoch). Our data carries this epoch's tag only once it
+  // holds at least that much (see tag_data below).
+  uint64_t takeover_version = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
     data_epoch = trees[tree_name].data_epoch;
+    auto it = meta_trees.find(tree_name);
+    if (it != meta_trees.end() && it->second.epoch == epoch) takeover_version = it->second.leader_version;
   }
   Subscribe sub{tree_name, epoch, have, node_id, data_epoch};
   OfferResume(&sub);  // an interrupted checkpoint file transfer continues where it stopped
@@ -123,7 +129,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // Under mu, before anything of this epoch is applied: the leadership is
   // still `l`, and we did not promise a failover candidate to stay off it
   // (HandleTreeStateRequest checks `following` under the same lock).
-  auto check_epoch = [&](uint64_t msg_epoch, bool data_follows = true) -> Status {
+  auto check_epoch = [&](uint64_t msg_epoch) -> Status {
     if (msg_epoch != epoch) {
       return Status::Conflict(
           fmt::format("message of epoch {} on a stream of epoch {}: refused", msg_epoch, epoch));
@@ -139,8 +145,19 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
     t.following = true;
     t.following_leader = leader;
     t.following_epoch = epoch;
-    if (data_follows) SetDataEpochLocked(tree_name, epoch);
     return Status::Ok();
+  };
+  // After data of this stream is applied, at `version`. A copy tagged with
+  // epoch E is one that holds everything E's leader had when it took over,
+  // which is at least every write acknowledged in earlier epochs (the new
+  // leader was the most advanced copy of a quorum). A QUORUM read ranks
+  // copies by (data epoch, version), so a copy still catching up from an
+  // older epoch keeps that older tag until it reaches the takeover version;
+  // tagged early, it would outrank a copy holding newer acknowledged writes.
+  auto tag_data = [&](uint64_t version) {
+    if (version < takeover_version) return;
+    std::lock_guard<std::mutex> lock(mu);
+    if (LeadershipLocked(tree_name) == l) SetDataEpochLocked(tree_name, epoch);
   };
   // Deltas applied since the last ACK: acked once no further message is
   // already waiting (one ACK then covers several), or after kDeltasPerAck.
@@ -196,6 +213,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
           return applied.status().WithContext("applying delta " + std::to_string(d.new_version));
         if (applied->version != d.new_version)
           return Status::Corruption("delta version does not match its header");
+        tag_data(d.new_version);
         ++unacked;
         break;
       }
@@ -211,6 +229,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         if (!applied.ok()) return applied.status().WithContext("applying a batch of deltas");
         if (*applied != b.base_version + b.deltas.size())
           return Status::Corruption("delta versions do not match their batch header");
+        tag_data(*applied);
         ++unacked;
         break;
       }
@@ -251,6 +270,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         CANOPY_ASSIGN_OR_RETURN(tree::Version v, installer->Finish());
         installer.reset();
         if (v.number() != e.version) return Status::Corruption("installed snapshot version mismatch");
+        tag_data(v.number());
         {
           std::lock_guard<std::mutex> lock(mu);
           ++trees[tree_name].snapshots_received;
@@ -270,6 +290,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         CANOPY_RETURN_IF_ERROR(check_epoch(f.epoch));
         CANOPY_ASSIGN_OR_RETURN(tree::Version v, file->Finish());
         if (v.number() != f.version) return Status::Corruption("installed checkpoint file version mismatch");
+        tag_data(v.number());
         {
           std::lock_guard<std::mutex> lock(mu);
           ++trees[tree_name].snapshots_received;
@@ -286,7 +307,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
           if (t.tree == tree_name && t.epoch != epoch)
             return Status::Conflict("HEARTBEAT of another epoch: refused");
         }
-        CANOPY_RETURN_IF_ERROR(check_epoch(epoch, /*data_follows=*/false));
+        CANOPY_RETURN_IF_ERROR(check_epoch(epoch));
         uint64_t durable = store->HasTree(tree_name) ? store->DurableVersion(tree_name).value_or(0) : 0;
         // Also once per heartbeat while heartbeats keep coming (e.g. while
         // the leader prepares a checkpoint file): our receive then never

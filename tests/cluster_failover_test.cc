@@ -1,7 +1,11 @@
 // Leader failover through the metadata raft, on a 3-process cluster.
+#include <signal.h>
+
 #include <atomic>
 #include <set>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "replication/ring.h"
 #include "tests/cluster_harness.h"
@@ -311,6 +315,100 @@ TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
   EXPECT_EQ(read->attributes.count("acked"), 1u);
   EXPECT_EQ(read->attributes.count("new"), 1u);
   for (int k = 0; k < 3; ++k) EXPECT_EQ(read->attributes.count("unacked" + std::to_string(k)), 0u);
+}
+
+// A copy that comes back behind the new leader streams the deltas it missed
+// from it. Until it holds the version the new leader had when it took over,
+// its data is still the old epoch's: a QUORUM read ranks copies by (data
+// epoch, version), so a copy claiming the new epoch early would outrank a
+// copy that holds newer acknowledged writes. Its reads must never pair the
+// new epoch with an older version.
+TEST(ClusterFailoverTest, ACopyCatchingUpClaimsTheNewEpochOnlyAtTheTakeoverVersion) {
+  TestCluster c;
+  c.EnableRaft(3);
+  ASSERT_TRUE(c.StartNodes(3));
+  std::string leader_uri;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree("ha");
+        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
+        leader_uri = r->leader;
+        return true;
+      },
+      std::chrono::seconds(20)));
+  const size_t old_leader = c.IndexOfUri(leader_uri);
+  ASSERT_LT(old_leader, 3u);
+  const size_t lagging = (old_leader + 1) % 3, keeper = (old_leader + 2) % 3;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        if (!cl.ok()) return false;
+        auto q = PutRoot("base", "1");
+        q.level = ConsistencyLevel::kAll;
+        auto r = (*cl)->Commit(q);
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20)));
+  const uint64_t frozen_at = c.TreeState(lagging, "ha")->durable_version;
+
+  // The lagging copy is frozen (its raft member too) while a quorum of the
+  // other two acknowledges enough writes that catching up takes a while.
+  ASSERT_EQ(::kill(c.node(lagging).pid, SIGSTOP), 0);
+  {
+    auto cl = c.Connect(old_leader);
+    ASSERT_TRUE(cl);
+    const std::string value(2048, 'w');
+    for (int k = 0; k < 1500; ++k) {
+      auto r = cl->Commit(PutRoot("k" + std::to_string(k), value));
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      ASSERT_EQ(r->status.code, StatusCode::kOk) << r->status.message;
+    }
+  }
+  c.Kill(old_leader);
+  ASSERT_EQ(::kill(c.node(lagging).pid, SIGCONT), 0);
+
+  // Read the lagging copy (ONE) until it caught up with the new leader.
+  uint64_t takeover = 0;
+  uint64_t samples = 0, behind_samples = 0;
+  std::vector<std::string> violations;
+  auto reader = c.Connect(lagging);
+  ASSERT_TRUE(reader);
+  bool caught_up = WaitUntil(
+      [&] {
+        if (takeover == 0) {
+          auto t = c.TreeState(keeper, "ha");
+          if (t && t->epoch >= 2 && c.IndexOfId(t->leader) == keeper) takeover = t->durable_version;
+        }
+        for (int k = 0; k < 200; ++k) {
+          replication::SliceRequest q;
+          q.tree = "ha";
+          auto r = reader->Slice(q);
+          if (!r.ok()) {
+            reader = c.Connect(lagging);
+            return false;
+          }
+          if (r->status.code != StatusCode::kOk) return false;
+          ++samples;
+          // The new leader took over at version >= every acknowledged write.
+          const uint64_t floor = takeover != 0 ? takeover : frozen_at + 1500;
+          if (r->version < floor) ++behind_samples;
+          if (r->data_epoch >= 2 && r->version < floor && violations.size() < 10) {
+            violations.push_back(fmt::format("version {} claimed data epoch {} before the takeover version {}",
+                                             r->version, r->data_epoch, floor));
+          }
+          if (takeover != 0 && r->version >= takeover && r->data_epoch >= 2) return true;
+        }
+        return false;
+      },
+      std::chrono::seconds(30));
+  ASSERT_TRUE(caught_up) << "the lagging copy did not reach the new leader's takeover version " << takeover
+                         << c.Log(lagging) << c.Log(keeper);
+  EXPECT_GE(takeover, frozen_at + 1500);
+  for (const auto& v : violations) ADD_FAILURE() << v;
+  std::printf("lagging copy read %llu times, %llu of them behind the takeover version\n",
+              static_cast<unsigned long long>(samples), static_cast<unsigned long long>(behind_samples));
 }
 
 }  // namespace
