@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <random>
 #include <thread>
@@ -112,10 +113,26 @@ class Client::Channel {
     return std::move(*w.message);
   }
 
+  // ---- Pipelined commits (Client::CommitPipelined): one thread keeps many
+  // commits in flight; their waiters wake the pipeline's own cv.
+  struct Flight;
+  // Registers `f` and sends its request. Non-ok (and nothing registered) if
+  // the channel is broken or the send failed (which breaks it).
+  Status Launch(Flight& f);
+  // Waits until at least one of `flights` has its reply, the channel broke,
+  // or the earliest flight deadline passed, receiving for every waiter while
+  // nobody else does (and, once a message came, whatever else has already
+  // arrived, without waiting). Moves every flight that is done — replied,
+  // or failed with the broken channel or its own deadline — to `landed`.
+  void AwaitAny(std::map<uint64_t, std::unique_ptr<Flight>>& flights, std::condition_variable& cv,
+                std::vector<std::unique_ptr<Flight>>* landed);
+
  private:
   struct Waiter {
     std::optional<transport::Message> message;
     std::condition_variable cv;  // its message arrived, the channel broke, or it may receive now
+    std::condition_variable* wake = nullptr;  // notified instead of cv when set (a pipeline's flights)
+    void Notify() { (wake != nullptr ? *wake : cv).notify_one(); }
   };
 
   Channel(std::string uri, std::unique_ptr<transport::Connection> conn)
@@ -159,12 +176,12 @@ class Client::Channel {
       auto it = commits_.find(reply->sequence);
       if (it != commits_.end() && !it->second->message) {
         it->second->message = std::move(*m);
-        it->second->cv.notify_one();
+        it->second->Notify();
       }
       // else: its caller gave up waiting; the reply is dropped.
     } else if (!calls_.empty()) {
       calls_.front()->message = std::move(*m);
-      calls_.front()->cv.notify_one();
+      calls_.front()->Notify();
       calls_.pop_front();
     } else {
       Break(UnexpectedMessage(*m, "a reply").WithContext(uri_));
@@ -177,13 +194,13 @@ class Client::Channel {
     if (receiving_ || !broken_.ok()) return;
     for (auto& [sequence, w] : commits_) {
       if (w != self && !w->message) {
-        w->cv.notify_one();
+        w->Notify();
         return;
       }
     }
     for (Waiter* w : calls_) {
       if (w != self && !w->message) {
-        w->cv.notify_one();
+        w->Notify();
         return;
       }
     }
@@ -193,8 +210,8 @@ class Client::Channel {
   void Break(Status why) {
     if (broken_.ok()) broken_ = std::move(why);
     conn_->Close();
-    for (auto& [sequence, w] : commits_) w->cv.notify_one();
-    for (Waiter* w : calls_) w->cv.notify_one();
+    for (auto& [sequence, w] : commits_) w->Notify();
+    for (Waiter* w : calls_) w->Notify();
   }
 
   const std::string uri_;
@@ -206,6 +223,86 @@ class Client::Channel {
   bool receiving_ = false;  // a caller is in conn_->Receive
   Status broken_;  // non-ok once the connection failed
 };
+
+struct Client::Channel::Flight {
+  CommitRequest request;
+  int redirects = 0;  // times this request was redirected to another node already
+  std::chrono::steady_clock::time_point sent;
+  Deadline deadline = Deadline::After(std::chrono::milliseconds(0));
+  Waiter waiter;
+  Status failure;  // when it landed without a reply
+};
+
+Status Client::Channel::Launch(Flight& f) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.ok()) return broken_;
+    if (!commits_.emplace(f.request.sequence, &f.waiter).second) {
+      return Status::InvalidArgument(fmt::format("commit sequence {} of client {} is already in flight",
+                                                 f.request.sequence, f.request.client));
+    }
+  }
+  f.sent = std::chrono::steady_clock::now();
+  Status s = conn_->Send(static_cast<uint16_t>(MessageType::kCommitRequest), Encode(f.request));
+  if (s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  commits_.erase(f.request.sequence);
+  Break(s.WithContext(uri_));
+  PassReceiving(nullptr);
+  return broken_;
+}
+
+void Client::Channel::AwaitAny(std::map<uint64_t, std::unique_ptr<Flight>>& flights, std::condition_variable& cv,
+                               std::vector<std::unique_ptr<Flight>>* landed) {
+  Deadline deadline = Deadline::After(std::chrono::hours(24));
+  for (const auto& [sequence, f] : flights) {
+    if (f->deadline.at() < deadline.at()) deadline = f->deadline;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  auto any_replied = [&] {
+    for (const auto& [sequence, f] : flights) {
+      if (f->waiter.message) return true;
+    }
+    return false;
+  };
+  while (!any_replied() && broken_.ok() && !deadline.expired()) {
+    if (receiving_) {
+      cv.wait_until(lock, deadline.at());
+      continue;
+    }
+    receiving_ = true;
+    lock.unlock();
+    auto m = conn_->Receive(deadline);
+    lock.lock();
+    bool got = m.ok();
+    Take(std::move(m));
+    // Replies come in bursts (one ACK completes many commits): take what is
+    // already here before anyone sleeps again.
+    while (got && broken_.ok()) {
+      lock.unlock();
+      auto more = conn_->Receive(Deadline::After(std::chrono::nanoseconds(0)));
+      lock.lock();
+      got = more.ok();
+      Take(std::move(more));
+    }
+    receiving_ = false;
+  }
+  for (auto it = flights.begin(); it != flights.end();) {
+    Flight& f = *it->second;
+    if (!f.waiter.message && broken_.ok() && !f.deadline.expired()) {
+      ++it;
+      continue;
+    }
+    if (!f.waiter.message) {
+      f.failure = !broken_.ok() ? broken_
+                                : Status::Timeout(fmt::format("{}: no reply to commit {} in time", uri_, it->first));
+    }
+    commits_.erase(it->first);
+    landed->push_back(std::move(it->second));
+    it = flights.erase(it);
+  }
+  PassReceiving(nullptr);
+}
 
 namespace {
 
@@ -349,6 +446,104 @@ Result<CommitReply> Client::Commit(const CommitRequest& request) {
     target = *leader;
     SetCurrent(target);
     redirects = 0;
+  }
+}
+
+Status Client::CommitPipelined(size_t depth, const std::function<bool(CommitRequest*)>& next,
+                               const PipelinedReply& on_reply) {
+  if (depth == 0) return Status::InvalidArgument("a pipeline needs a depth of at least 1");
+  std::condition_variable cv;  // our flights' waiters wake this
+  std::map<uint64_t, std::unique_ptr<Channel::Flight>> flights;
+  std::deque<std::unique_ptr<Channel::Flight>> redirected;  // to send again at redirect_to
+  std::shared_ptr<Channel> ch;
+  std::string target, redirect_to;
+  bool exhausted = false, learned = false;
+  auto take_next = [&]() -> std::unique_ptr<Channel::Flight> {
+    if (!redirected.empty()) {
+      auto f = std::move(redirected.front());
+      redirected.pop_front();
+      f->waiter.message.reset();
+      return f;
+    }
+    if (exhausted) return nullptr;
+    auto f = std::make_unique<Channel::Flight>();
+    if (!next(&f->request)) {
+      exhausted = true;
+      return nullptr;
+    }
+    if (f->request.client.empty()) {
+      f->request.client = name_;
+      f->request.sequence = next_sequence_++;
+    }
+    f->waiter.wake = &cv;
+    return f;
+  };
+  while (true) {
+    // Fill the window, unless a redirect is pending: then the flights on
+    // this connection finish first.
+    while (redirect_to.empty() && flights.size() < depth) {
+      auto f = take_next();
+      if (!f) break;
+      if (!ch) {
+        if (target.empty()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = leader_of_.find(f->request.tree);
+          target = it != leader_of_.end() ? it->second : uri_;
+        }
+        auto c = ChannelTo(target);
+        if (!c.ok()) {
+          on_reply(f->request, c.status(), std::chrono::nanoseconds(0));
+          return c.status();
+        }
+        ch = *c;
+      }
+      f->deadline = Deadline::After(options_.timeout + std::chrono::milliseconds(f->request.timeout_ms));
+      Status launched = ch->Launch(*f);
+      if (!launched.ok()) {
+        on_reply(f->request, launched, std::chrono::nanoseconds(0));
+        break;  // the flights already out land with the same failure below
+      }
+      uint64_t sequence = f->request.sequence;
+      flights.emplace(sequence, std::move(f));
+    }
+    if (flights.empty()) {
+      if (!redirect_to.empty()) {
+        target = std::exchange(redirect_to, std::string());
+        SetCurrent(target);
+        ch.reset();
+        learned = false;
+        continue;
+      }
+      if (ch && ch->broken()) return Status::Unavailable(target + ": connection broke during a pipeline");
+      if (exhausted) return Status::Ok();
+      continue;
+    }
+    std::vector<std::unique_ptr<Channel::Flight>> landed;
+    ch->AwaitAny(flights, cv, &landed);
+    Status broke;
+    for (auto& f : landed) {
+      auto elapsed = std::chrono::steady_clock::now() - f->sent;
+      Result<CommitReply> r = f->waiter.message ? DecodeCommitReply(f->waiter.message->payload)
+                                                : Result<CommitReply>(f->failure);
+      if (r.ok() && r->status.code == StatusCode::kUnavailable && !r->leader.empty() && r->leader != target &&
+          f->redirects < 2) {
+        ++f->redirects;  // refused there: nothing was applied; send it to the leader named
+        redirect_to = r->leader;
+        redirected.push_back(std::move(f));
+        continue;
+      }
+      if (!learned && r.ok() && r->status.code == StatusCode::kOk) {
+        learned = true;
+        std::lock_guard<std::mutex> lock(mu_);
+        leader_of_[f->request.tree] = target;
+      }
+      if (!r.ok() && !r.status().IsTimeout()) broke = r.status();
+      on_reply(f->request, std::move(r), std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed));
+    }
+    if (!broke.ok()) {
+      // The connection failed: every flight still out lands with it next round.
+      if (flights.empty()) return broke;
+    }
   }
 }
 

@@ -45,6 +45,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,6 +83,30 @@ class Client {
   Result<CreateTreeReply> CreateTree(const std::string& tree);
   // Fills request.client and request.sequence unless request.client is set.
   Result<CommitReply> Commit(const CommitRequest& request);
+  // Pipelined commits from the calling thread: keeps up to `depth` commits
+  // in flight on one connection, taking each next request from `next`
+  // (false: no more), and hands each reply to `on_reply` with its request
+  // and the time from its send to its reply, as replies arrive (in any
+  // order), on this thread and with no lock held. Requests get a request
+  // id as in Commit (unless request.client is set). The connection is the
+  // one to the node that last took a commit of the first request's tree
+  // (else the current node); meant for one tree's commits. A redirect (that
+  // node does not lead the tree: nothing was applied) is followed as
+  // Commit follows it, at most twice per request: the flights on the old
+  // connection land first, then the refused requests go to the leader.
+  // No retry: a commit that fails without an answer (the connection broke,
+  // or no reply within options.timeout + its timeout_ms) reaches on_reply
+  // with that failure, and may or may not have landed (Commit with the same
+  // request id settles it). Returns Ok once `next` is exhausted and every
+  // reply was handed over; the connection's failure once it broke (every
+  // flight out reported first; no new request is taken after that).
+  // InvalidArgument for depth 0. Thread safety: any number of pipelines and
+  // other calls on one Client at once; `next` and `on_reply` are called
+  // only from the calling thread.
+  using PipelinedReply =
+      std::function<void(const CommitRequest& request, Result<CommitReply> reply, std::chrono::nanoseconds latency)>;
+  Status CommitPipelined(size_t depth, const std::function<bool(CommitRequest*)>& next,
+                         const PipelinedReply& on_reply);
   Result<ReadReply> Read(const ReadRequest& request);
   // SLICE: a node and a slice of its children, at request.level. LEADER
   // follows one redirect to the tree's leader (as Commit does); the reply

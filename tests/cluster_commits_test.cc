@@ -227,5 +227,94 @@ TEST(ClusterCommitsTest, ARetryOnTheNewLeaderAfterFailoverIsNotAppliedTwice) {
   EXPECT_EQ(read->attributes.at("counter"), "2");
 }
 
+// CommitPipelined: one thread keeps many commits in flight. Started at a node
+// that does not lead the tree, it follows the redirect; every commit lands
+// once, with its own version; synchronous Commit calls on the same Client
+// share the connection meanwhile.
+TEST(ClusterCommitsTest, PipelinedCommitsFollowTheRedirectAndAllLandOnce) {
+  TestCluster c;
+  const size_t leader = StartCluster(c, 3, false, "pipe");
+  ASSERT_LT(leader, 3u) << c.Log(0);
+  auto client = c.Connect((leader + 1) % 3);  // not the leader
+  ASSERT_TRUE(client);
+  auto before = c.Connect(leader)->Read(replication::ReadRequest{"pipe", 0, {}});
+  ASSERT_TRUE(before.ok());
+  constexpr int kPipelined = 400, kSynchronous = 40;
+  std::atomic<int> sync_failures{0};
+  std::thread side([&] {
+    for (int i = 0; i < kSynchronous; ++i) {
+      auto r = client->Commit(Put("pipe", fmt::format("sync{}", i), "s"));
+      if (!r.ok() || r->status.code != StatusCode::kOk || r->duplicate) ++sync_failures;
+    }
+  });
+  int sent = 0;
+  std::set<uint64_t> versions;
+  std::set<std::string> keys;
+  std::vector<std::string> failures;
+  Status s = client->CommitPipelined(
+      16,
+      [&](CommitRequest* req) {
+        if (sent == kPipelined) return false;
+        *req = Put("pipe", fmt::format("p{}", sent++), "v");
+        return true;
+      },
+      [&](const CommitRequest& req, Result<replication::CommitReply> r, std::chrono::nanoseconds latency) {
+        if (!r.ok() || r->status.code != StatusCode::kOk || r->duplicate) {
+          failures.push_back(r.ok() ? r->status.message : r.status().ToString());
+          return;
+        }
+        EXPECT_GT(latency.count(), 0);
+        versions.insert(r->version);
+        keys.insert(req.edits.at(0).key);
+      });
+  side.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_EQ(sync_failures.load(), 0);
+  EXPECT_EQ(keys.size(), size_t{kPipelined});
+  EXPECT_EQ(versions.size(), size_t{kPipelined});
+  auto after = c.Connect(leader)->Read(replication::ReadRequest{"pipe", 0, {}});
+  ASSERT_TRUE(after.ok());
+  // Every commit, pipelined or not, made exactly one version.
+  EXPECT_EQ(after->version, before->version + kPipelined + kSynchronous);
+  EXPECT_EQ(after->attributes.size(), before->attributes.size() + kPipelined + kSynchronous);
+  EXPECT_EQ(client->connected_uri(), c.node(leader).uri);
+  EXPECT_EQ(client->retries(), 0u);
+  EXPECT_EQ(client->CommitPipelined(0, [](CommitRequest*) { return false; }, {}).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// The leader dies under a pipeline: the pipeline returns the connection's
+// failure, every commit it took is reported exactly once, and it takes no
+// request after the failure.
+TEST(ClusterCommitsTest, APipelineWhoseNodeDiesReportsEveryCommitOnce) {
+  TestCluster c;
+  const size_t leader = StartCluster(c, 3, false, "pipe");
+  ASSERT_LT(leader, 3u) << c.Log(0);
+  auto client = c.Connect(leader);
+  ASSERT_TRUE(client);
+  int taken = 0, reported = 0, ok = 0;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c.Kill(leader);
+  });
+  Status s = client->CommitPipelined(
+      8,
+      [&](CommitRequest* req) {
+        if (taken == 1000000) return false;  // bounded: the kill comes long before
+        *req = Put("pipe", fmt::format("p{}", taken++ % 1000), "v");
+        return true;
+      },
+      [&](const CommitRequest&, Result<replication::CommitReply> r, std::chrono::nanoseconds) {
+        ++reported;
+        if (r.ok() && r->status.code == StatusCode::kOk) ++ok;
+      });
+  killer.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(reported, taken);
+  EXPECT_GT(ok, 0);
+  EXPECT_LT(taken, 1000000);
+}
+
 }  // namespace
 }  // namespace canopy::testing

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -178,10 +179,16 @@ void Wake(int fd) {
 void ChaosProxy::Stop() {
   stop_ = true;
   Wake(wake_fd_.get());
+  std::lock_guard<std::mutex> lock(cut_mu_);
+  cut_cv_.notify_all();  // a CutAll() waiting for Run() stops waiting
 }
 void ChaosProxy::CutAll() {
+  std::unique_lock<std::mutex> lock(cut_mu_);
+  const uint64_t want = ++cuts_requested_;
   cut_all_ = true;
   Wake(wake_fd_.get());
+  // Bounded: Run() may not be running (not started, or stopped).
+  cut_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return cuts_done_ >= want || stop_.load(); });
 }
 void ChaosProxy::SetPartitioned(bool on) {
   partitioned_ = on;
@@ -230,7 +237,10 @@ Status ChaosProxy::Run() {
       ssize_t ignored = ::read(wake_fd_.get(), &v, sizeof v);
       (void)ignored;
     }
+    uint64_t cut_generation = 0;
     if (cut_all_.exchange(false)) {
+      std::lock_guard<std::mutex> lock(cut_mu_);
+      cut_generation = cuts_requested_;
       for (Link& l : links) l.dead = true;
       counters_.cuts += links.size();
     }
@@ -284,6 +294,11 @@ Status ChaosProxy::Run() {
       } else {
         ++it;
       }
+    }
+    if (cut_generation != 0) {  // the links CutAll() asked for are reset now
+      std::lock_guard<std::mutex> lock(cut_mu_);
+      cuts_done_ = std::max(cuts_done_, cut_generation);
+      cut_cv_.notify_all();
     }
   }
   for (Link& l : links) {

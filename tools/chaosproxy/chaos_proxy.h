@@ -9,7 +9,7 @@
 //   corrupt_prob  each forwarded chunk has one random byte flipped with this
 //                 probability (the frame CRCs above must catch it)
 //   cut_after     a connection is reset after this many bytes (both ways)
-//   CutAll()      resets every open connection now
+//   CutAll()      resets every open connection now (returns once they are reset)
 //   SetPartitioned(true)  black-holes: new connections are reset at once and
 //                 bytes of open ones are discarded instead of forwarded
 //
@@ -22,7 +22,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "base/fd.h"
@@ -72,6 +74,11 @@ class ChaosProxy {
   uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<bool> cut_all_{false};
+  // CutAll() returns once Run() has reset the links open when it was called.
+  std::mutex cut_mu_;
+  std::condition_variable cut_cv_;
+  uint64_t cuts_requested_ = 0;  // (cut_mu_)
+  uint64_t cuts_done_ = 0;       // (cut_mu_)
   std::atomic<bool> partitioned_{false};
   ChaosCounters counters_;
 };
