@@ -194,7 +194,18 @@ testpmd_sample() {
     fi
     sleep 0.1
   done
-  sleep "$tp_tx_seconds"
+  # Then until tp_tx_seconds of full periods are printed (bounded). Each
+  # testpmd's main lcore, which prints the stats, shares its core with the
+  # other testpmd's busy-polling forwarder, so a "1 s" period can run much
+  # longer: a fixed sleep left fewer than 3 periods with traffic (no sample:
+  # 2 of 3 reps in one quick run). testpmd computes Rx-pps over the time a
+  # period really took, so longer periods are still right.
+  deadline=$((SECONDS + 4 * tp_tx_seconds + 10))
+  until (($(grep -a -o 'Rx-pps: *[0-9]*' "$work/testpmd.rx.$rep.log" | awk '$2 > 0 { n++ } END { print n + 0 }') >=
+          tp_tx_seconds + 1)); do
+    ((SECONDS < deadline)) && kill -0 "$tx_pid" 2>/dev/null && kill -0 "$rx_pid" 2>/dev/null || break
+    sleep 0.2
+  done
   # The receiver stops first, while frames still flow (testpmd 22.11's memif
   # server can crash when its client disconnects under traffic).
   local rx_rc tx_rc
