@@ -26,6 +26,36 @@ CommitRequest PutRoot(const std::string& key, const std::string& value) {
   return r;
 }
 
+// A 3-node raft cluster with tree "ha" created and `key` committed at ALL
+// (so every copy follows): the index of the tree's leader, or 3 on failure.
+size_t StartWithTreeOnAllCopies(TestCluster& c, const std::string& key) {
+  c.EnableRaft(3);
+  if (!c.StartNodes(3)) return 3;
+  std::string leader_uri;
+  bool created = WaitUntil(
+      [&] {
+        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
+        if (!client.ok()) return false;
+        auto r = (*client)->CreateTree("ha");
+        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
+        leader_uri = r->leader;
+        return true;
+      },
+      std::chrono::seconds(20));
+  if (!created) return 3;
+  bool committed = WaitUntil(
+      [&] {
+        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        if (!cl.ok()) return false;
+        auto q = PutRoot(key, "1");
+        q.level = ConsistencyLevel::kAll;
+        auto r = (*cl)->Commit(q);
+        return r.ok() && r->status.code == StatusCode::kOk;
+      },
+      std::chrono::seconds(20));
+  return committed ? c.IndexOfUri(leader_uri) : 3;
+}
+
 TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite) {
   TestCluster c;
   c.EnableRaft(3);
@@ -235,31 +265,8 @@ TEST(ClusterFailoverTest, RaftLeadershipMovesOffTheOnlyTreeLeader) {
 
 TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
   TestCluster c;
-  c.EnableRaft(3);
-  ASSERT_TRUE(c.StartNodes(3));
-  std::string leader_uri;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
-        if (!client.ok()) return false;
-        auto r = (*client)->CreateTree("ha");
-        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
-        leader_uri = r->leader;
-        return true;
-      },
-      std::chrono::seconds(20)));
-  const size_t old_leader = c.IndexOfUri(leader_uri);
-  ASSERT_LT(old_leader, 3u);
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
-        if (!cl.ok()) return false;
-        auto q = PutRoot("acked", "1");
-        q.level = ConsistencyLevel::kAll;
-        auto r = (*cl)->Commit(q);
-        return r.ok() && r->status.code == StatusCode::kOk;
-      },
-      std::chrono::seconds(20)));
+  const size_t old_leader = StartWithTreeOnAllCopies(c, "acked");
+  ASSERT_LT(old_leader, 3u) << c.Log(0);
   // Both replicas die; the leader logs writes nobody else has (not acknowledged).
   const size_t r1 = (old_leader + 1) % 3, r2 = (old_leader + 2) % 3;
   c.Kill(r1);
@@ -325,32 +332,9 @@ TEST(ClusterFailoverTest, RestartedOldLeaderDropsItsUnacknowledgedSuffix) {
 // new epoch with an older version.
 TEST(ClusterFailoverTest, ACopyCatchingUpClaimsTheNewEpochOnlyAtTheTakeoverVersion) {
   TestCluster c;
-  c.EnableRaft(3);
-  ASSERT_TRUE(c.StartNodes(3));
-  std::string leader_uri;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
-        if (!client.ok()) return false;
-        auto r = (*client)->CreateTree("ha");
-        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
-        leader_uri = r->leader;
-        return true;
-      },
-      std::chrono::seconds(20)));
-  const size_t old_leader = c.IndexOfUri(leader_uri);
-  ASSERT_LT(old_leader, 3u);
+  const size_t old_leader = StartWithTreeOnAllCopies(c, "base");
+  ASSERT_LT(old_leader, 3u) << c.Log(0);
   const size_t lagging = (old_leader + 1) % 3, keeper = (old_leader + 2) % 3;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
-        if (!cl.ok()) return false;
-        auto q = PutRoot("base", "1");
-        q.level = ConsistencyLevel::kAll;
-        auto r = (*cl)->Commit(q);
-        return r.ok() && r->status.code == StatusCode::kOk;
-      },
-      std::chrono::seconds(20)));
   const uint64_t frozen_at = c.TreeState(lagging, "ha")->durable_version;
 
   // The lagging copy is frozen (its raft member too) while a quorum of the

@@ -721,23 +721,29 @@ int RunBench(int argc, char** argv) {
   std::string failure;
   StatusReplyFields failed_status;
   std::vector<std::vector<double>> per_client(clients);
+  // Commit i: one attribute of tree i % trees.
+  auto request_for = [&](uint64_t i) {
+    return CommitRequest{names[i % trees], 0, *level, a.timeout_ms,
+                         {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string((i / trees) % 1000), value, 0}},
+                         "", 0};
+  };
+  // The first failure is the run's; false for a reply that is not OK.
+  auto succeeded = [&](const Result<CommitReply>& r) {
+    if (r.ok() && r->status.code == StatusCode::kOk) return true;
+    std::lock_guard<std::mutex> lock(fail_mu);
+    if (!failed.exchange(true)) {
+      if (!r.ok()) failure = r.status().ToString();
+      else failed_status = r->status;
+    }
+    return false;
+  };
   auto body = [&](uint32_t k) {
     Client& c = *connections[k % conns];
     auto& lat = per_client[k];
     lat.reserve(count / clients + 1);
     for (uint64_t i = next++; i < count && !failed; i = next++) {
-      CommitRequest req{names[i % trees], 0, *level, a.timeout_ms,
-                        {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string((i / trees) % 1000), value, 0}}, "", 0};
       auto t0 = std::chrono::steady_clock::now();
-      auto r = c.Commit(req);
-      if (!r.ok() || r->status.code != StatusCode::kOk) {
-        std::lock_guard<std::mutex> lock(fail_mu);
-        if (!failed.exchange(true)) {
-          if (!r.ok()) failure = r.status().ToString();
-          else failed_status = r->status;
-        }
-        return;
-      }
+      if (!succeeded(c.Commit(request_for(i)))) return;
       lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
   };
@@ -755,26 +761,14 @@ int RunBench(int argc, char** argv) {
       if (failed) return false;
       uint64_t i = next++;
       if (i >= count) return false;
-      *req = CommitRequest{names[0], 0, *level, a.timeout_ms,
-                           {Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string(i % 1000), value, 0}}, "", 0};
+      *req = request_for(i);
       return true;
     };
     auto on_reply = [&](const CommitRequest&, Result<CommitReply> r, std::chrono::nanoseconds latency) {
-      if (!r.ok() || r->status.code != StatusCode::kOk) {
-        std::lock_guard<std::mutex> lock(fail_mu);
-        if (!failed.exchange(true)) {
-          if (!r.ok()) failure = r.status().ToString();
-          else failed_status = r->status;
-        }
-        return;
-      }
-      lat.push_back(std::chrono::duration<double, std::micro>(latency).count());
+      if (succeeded(r)) lat.push_back(std::chrono::duration<double, std::micro>(latency).count());
     };
     Status s = c.CommitPipelined(depth, next_request, on_reply);
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(fail_mu);
-      if (!failed.exchange(true)) failure = s.ToString();
-    }
+    if (!s.ok()) (void)succeeded(s);
   };
   auto start = std::chrono::steady_clock::now();
   {
