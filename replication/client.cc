@@ -540,10 +540,9 @@ Status Client::CommitPipelined(size_t depth, const std::function<bool(CommitRequ
       if (!r.ok() && !r.status().IsTimeout()) broke = r.status();
       on_reply(f->request, std::move(r), std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed));
     }
-    if (!broke.ok()) {
-      // The connection failed: every flight still out lands with it next round.
-      if (flights.empty()) return broke;
-    }
+    // The connection failed: the flights still out (if any) land with it
+    // next round, then the pipeline ends.
+    if (!broke.ok() && flights.empty()) return broke;
   }
 }
 

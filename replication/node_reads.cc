@@ -329,12 +329,13 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
   }
   if (newest_version > best->version) {
     // The copies disagree across a failover: the newest epoch's copy is
-    // behind another copy of an older epoch. A replica takes the new
-    // leader's epoch when its stream starts, before it has caught up, so
-    // that copy may lack writes acknowledged under the old epoch; the older
-    // epoch's newer versions may be acknowledged writes, or the dead
-    // leader's unacknowledged suffix. Neither copy can be returned safely:
-    // the tree's leader decides, at LEADER level (linearizable).
+    // behind another copy of an older epoch. A replica takes a new leader's
+    // epoch only once it holds that leader's takeover version (FollowOn), so
+    // the older epoch's newer versions should be the dead leader's
+    // unacknowledged suffix; but a tag persisted in DIR/epochs before that
+    // rule, or a bug, could make them acknowledged writes. Rather than
+    // trust either copy, the tree's leader decides, at LEADER level
+    // (linearizable).
     return QuorumReadFromLeader(req, fmt::format("node {} holds version {} at epoch {}, another owner version {}",
                                                  best->answered_by, best->version, best->data_epoch,
                                                  newest_version));

@@ -154,10 +154,15 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // copies by (data epoch, version), so a copy still catching up from an
   // older epoch keeps that older tag until it reaches the takeover version;
   // tagged early, it would outrank a copy holding newer acknowledged writes.
+  // Once tagged, the tag stays for the rest of this stream (only this loop
+  // sets a follower's data epoch), so later deltas take no second lock.
+  bool tagged = false;
   auto tag_data = [&](uint64_t version) {
-    if (version < takeover_version) return;
+    if (tagged || version < takeover_version) return;
     std::lock_guard<std::mutex> lock(mu);
-    if (LeadershipLocked(tree_name) == l) SetDataEpochLocked(tree_name, epoch);
+    if (!(LeadershipLocked(tree_name) == l)) return;
+    SetDataEpochLocked(tree_name, epoch);
+    tagged = true;
   };
   // Deltas applied since the last ACK: acked once no further message is
   // already waiting (one ACK then covers several), or after kDeltasPerAck.

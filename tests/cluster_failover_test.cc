@@ -26,9 +26,10 @@ CommitRequest PutRoot(const std::string& key, const std::string& value) {
   return r;
 }
 
-// A 3-node raft cluster with tree "ha" created and `key` committed at ALL
-// (so every copy follows): the index of the tree's leader, or 3 on failure.
-size_t StartWithTreeOnAllCopies(TestCluster& c, const std::string& key) {
+// A 3-node raft cluster with tree "ha" created (its leader registers epoch
+// 1 in the metadata raft; the raft may still be electing, so this retries
+// for a while): the index of the tree's leader, or 3 on failure.
+size_t StartWithTree(TestCluster& c) {
   c.EnableRaft(3);
   if (!c.StartNodes(3)) return 3;
   std::string leader_uri;
@@ -42,10 +43,16 @@ size_t StartWithTreeOnAllCopies(TestCluster& c, const std::string& key) {
         return true;
       },
       std::chrono::seconds(20));
-  if (!created) return 3;
+  return created ? c.IndexOfUri(leader_uri) : 3;
+}
+
+// StartWithTree, then `key` committed at ALL (so every copy follows).
+size_t StartWithTreeOnAllCopies(TestCluster& c, const std::string& key) {
+  const size_t leader = StartWithTree(c);
+  if (leader >= 3) return 3;
   bool committed = WaitUntil(
       [&] {
-        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        auto cl = replication::Client::Connect(c.node(leader).uri, c.ClientOpts());
         if (!cl.ok()) return false;
         auto q = PutRoot(key, "1");
         q.level = ConsistencyLevel::kAll;
@@ -53,30 +60,13 @@ size_t StartWithTreeOnAllCopies(TestCluster& c, const std::string& key) {
         return r.ok() && r->status.code == StatusCode::kOk;
       },
       std::chrono::seconds(20));
-  return committed ? c.IndexOfUri(leader_uri) : 3;
+  return committed ? leader : 3;
 }
 
 TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite) {
   TestCluster c;
-  c.EnableRaft(3);
-  ASSERT_TRUE(c.StartNodes(3));
-
-  // Create the tree (its leader registers epoch 1 in the metadata raft;
-  // the raft may still be electing, so retry for a while).
-  std::string leader_uri;
-  ASSERT_TRUE(WaitUntil(
-      [&] {
-        auto client = replication::Client::Connect(c.node(0).uri, c.ClientOpts());
-        if (!client.ok()) return false;
-        auto r = (*client)->CreateTree("ha");
-        if (!r.ok() || r->status.code != StatusCode::kOk) return false;
-        leader_uri = r->leader;
-        return true;
-      },
-      std::chrono::seconds(20)))
-      << c.Log(0);
-  const size_t old_leader = c.IndexOfUri(leader_uri);
-  ASSERT_LT(old_leader, 3u);
+  const size_t old_leader = StartWithTree(c);
+  ASSERT_LT(old_leader, 3u) << c.Log(0);
   auto t0 = c.TreeState(old_leader, "ha");
   ASSERT_TRUE(t0);
   EXPECT_EQ(t0->epoch, 1u);
@@ -103,7 +93,7 @@ TEST(ClusterFailoverTest, LeaderKilledDuringQuorumWritesLosesNoAcknowledgedWrite
   // Wait until the replicas follow (an ALL write succeeds), then write at QUORUM.
   ASSERT_TRUE(WaitUntil(
       [&] {
-        auto cl = replication::Client::Connect(leader_uri, c.ClientOpts());
+        auto cl = replication::Client::Connect(c.node(old_leader).uri, c.ClientOpts());
         if (!cl.ok()) return false;
         auto r = (*cl)->Commit([] {
           auto q = PutRoot("start", "1");
