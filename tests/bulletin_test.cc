@@ -5,7 +5,9 @@
 // reads at LEADER and QUORUM see a write at once from any node, and a write
 // waiting for its consistency level does not hold up the node's other clients.
 #include <chrono>
+#include <algorithm>
 #include <future>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -21,31 +23,44 @@ using nlohmann::json;
 
 class BoardCluster {
  public:
-  explicit BoardCluster(size_t nodes, std::vector<std::string> extra_args = {})
-      : nodes_(nodes), extra_args_(std::move(extra_args)) {}
+  // metrics: every node also serves --metrics (see Metric).
+  explicit BoardCluster(size_t nodes, std::vector<std::string> extra_args = {}, bool metrics = false)
+      : nodes_(nodes), extra_args_(std::move(extra_args)), metrics_(metrics) {}
 
   // Adds and starts the nodes one by one (each seeded with the ones before)
   // and reads their HTTP ports.
   bool Start() {
     for (size_t i = 0; i < nodes_; ++i) {
       std::string port_file = cluster_.dir() + "/http" + std::to_string(i + 1) + ".port";
-      port_files_.push_back(port_file);
+      std::string metrics_port_file = cluster_.dir() + "/metrics" + std::to_string(i + 1) + ".port";
       std::vector<std::string> args = {"--http", "127.0.0.1:0", "--http-port-file", port_file};
+      if (metrics_) {
+        args.insert(args.end(), {"--metrics", "127.0.0.1:0", "--metrics-port-file", metrics_port_file});
+      }
       args.insert(args.end(), extra_args_.begin(), extra_args_.end());
       cluster_.AddNode(args);
       if (!cluster_.Start(i)) return false;
-      std::string text;
-      if (!WaitUntil([&] {
-            auto t = ReadFileToString(port_files_[i]);
-            if (t.ok()) text = *t;
-            return t.ok() && !text.empty();
-          }, std::chrono::seconds(10))) {
-        ADD_FAILURE() << "no HTTP port file from node " << i + 1 << "; log:\n" << cluster_.Log(i);
-        return false;
+      auto port = ReadPort(port_file, i);
+      if (!port) return false;
+      ports_.push_back(*port);
+      if (metrics_) {
+        auto m = ReadPort(metrics_port_file, i);
+        if (!m) return false;
+        metrics_ports_.push_back(*m);
       }
-      ports_.push_back(static_cast<uint16_t>(std::stoul(text)));
     }
     return cluster_.WaitForMembers(cluster_.size());
+  }
+
+  // The value of the metric line that starts with `series` (name and
+  // labels) on node `node`'s /metrics; -1 when absent.
+  double Metric(size_t node, const std::string& series) {
+    RawResponse r;
+    std::string request = "GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    if (!RoundTrip(metrics_ports_.at(node), request, &r) || r.status != 200) return -1;
+    size_t at = r.body.find("\n" + series + " ");
+    if (at == std::string::npos) return -1;
+    return std::stod(r.body.substr(at + series.size() + 2));
   }
 
   RawResponse Call(size_t node, const std::string& method, const std::string& target, const std::string& body = "",
@@ -64,11 +79,25 @@ class BoardCluster {
   uint16_t port(size_t i) const { return ports_.at(i); }
 
  private:
+  std::optional<uint16_t> ReadPort(const std::string& file, size_t node) {
+    std::string text;
+    if (!WaitUntil([&] {
+          auto t = ReadFileToString(file);
+          if (t.ok()) text = *t;
+          return t.ok() && !text.empty();
+        }, std::chrono::seconds(10))) {
+      ADD_FAILURE() << "no port file " << file << " from node " << node + 1 << "; log:\n" << cluster_.Log(node);
+      return std::nullopt;
+    }
+    return static_cast<uint16_t>(std::stoul(text));
+  }
+
   size_t nodes_;
   std::vector<std::string> extra_args_;
+  bool metrics_;
   TestCluster cluster_;
-  std::vector<std::string> port_files_;
   std::vector<uint16_t> ports_;
+  std::vector<uint16_t> metrics_ports_;
 };
 
 std::string Message(const std::string& author, const std::string& text) {
@@ -306,6 +335,74 @@ TEST(BulletinTest, AWaitingWriteDoesNotBlockOtherClients) {
       << "the other requests were not answered while the post at ALL waited";
   auto slow_reply = slow.get();
   EXPECT_EQ(slow_reply.status, 504) << slow_reply.body;
+}
+
+// A node that owns no copy of a board sends its listings at ONE on to an
+// owner from its HTTP thread, many at once on a few connections (the
+// board's SliceForwarder): each answer is that listing, also under load,
+// and once that owner is killed the listings come from the other one.
+TEST(BulletinTest, ListingsAtANodeWithoutACopyAreForwardedToAnOwner) {
+  BoardCluster b(4, {"--rf", "2"}, /*metrics=*/true);
+  ASSERT_TRUE(b.Start());
+  auto created = b.Call(0, "POST", "/boards", R"({"name": "far"})");
+  ASSERT_EQ(created.status, 201) << created.body;
+  std::vector<size_t> owners;
+  const json created_body = BoardCluster::Body(created);
+  for (const auto& id : created_body["owners"]) {
+    owners.push_back(b.cluster().IndexOfId(id.get<std::string>()));
+  }
+  ASSERT_EQ(owners.size(), 2u) << created.body;
+  size_t reader = 0;
+  while (std::find(owners.begin(), owners.end(), reader) != owners.end()) ++reader;
+  ASSERT_LT(reader, 4u);
+  constexpr int kPosts = 30;
+  for (int i = 1; i <= kPosts; ++i) {
+    auto posted = b.Call(owners[0], "POST", "/boards/far/messages?cl=ALL", Message("f", "far " + std::to_string(i)));
+    ASSERT_EQ(posted.status, 201) << posted.body;
+  }
+  const std::string forwarded = R"(canopy_board_listings_total{answered="forwarded"})";
+  // Checks listings of every page through `reader`; true when each was right.
+  auto pages_are_right = [&](bool quiet) {
+    for (int after = 0; after < kPosts; after += 7) {
+      auto r = b.Call(reader, "GET", "/boards/far/messages?limit=5&after=" + std::to_string(after));
+      json j = BoardCluster::Body(r);
+      if (quiet && r.status != 200) return false;
+      EXPECT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(j["count"], kPosts) << r.body;
+      const int expected = std::min(5, kPosts - after);
+      EXPECT_EQ(j["messages"].size(), static_cast<size_t>(expected)) << r.body;
+      for (int k = 0; k < expected && k < static_cast<int>(j["messages"].size()); ++k) {
+        EXPECT_EQ(j["messages"][k]["id"], after + k + 1) << r.body;
+        EXPECT_EQ(j["messages"][k]["text"], "far " + std::to_string(after + k + 1)) << r.body;
+      }
+    }
+    return true;
+  };
+  // The first listings go through a worker, which opens the forwarder's
+  // links; then they are forwarded.
+  ASSERT_TRUE(WaitUntil([&] { return pages_are_right(true) && b.Metric(reader, forwarded) > 0; },
+                        std::chrono::seconds(10)))
+      << "no listing was forwarded: " << b.Metric(reader, forwarded);
+  pages_are_right(false);
+  // Under load: 64 connections, every listing answered 200.
+  std::string url = "http://127.0.0.1:" + std::to_string(b.port(reader)) + "/boards/far/messages?limit=10";
+  const double before_load = b.Metric(reader, forwarded);
+  std::string output;
+  int rc = RunCommand(BinaryPath("tools/load/load") + " -n 3000 -c 64 -t 2 -k --json '" + url + "'", &output);
+  ASSERT_EQ(rc, 0) << output;
+  json l = json::parse(output, nullptr, false);
+  ASSERT_TRUE(l.is_object()) << output;
+  EXPECT_EQ(l["status_codes"]["200"], 3000) << output;
+  EXPECT_GE(b.Metric(reader, forwarded) - before_load, 2900) << "most listings under load went to a worker";
+  // Kill the owners one at a time... the reads move to the one still up.
+  b.cluster().Kill(owners[0]);
+  ASSERT_TRUE(WaitUntil([&] { return pages_are_right(true); }, std::chrono::seconds(15)))
+      << "listings through node " << reader + 1 << " failed after owner " << owners[0] + 1 << " was killed";
+  const double before = b.Metric(reader, forwarded);
+  pages_are_right(false);
+  ASSERT_TRUE(WaitUntil([&] { return pages_are_right(true) && b.Metric(reader, forwarded) > before; },
+                        std::chrono::seconds(10)))
+      << "listings were not forwarded to the owner still up";
 }
 
 TEST(BulletinTest, LoadPostsMessages) {

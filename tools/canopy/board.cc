@@ -209,8 +209,27 @@ struct BoardService::View {
   }
 };
 
+namespace {
+constexpr char kListings[] = "canopy_board_listings_total";
+constexpr char kListingsHelp[] =
+    "Board listings answered (200): from this node's store on the HTTP thread (here), sent on to an owner "
+    "from the HTTP thread (forwarded), or by a worker thread (worker).";
+}  // namespace
+
 BoardService::BoardService(BoardOptions options)
-    : options_(std::move(options)), view_(std::make_shared<const View>()) {
+    : options_(std::move(options)),
+      view_(std::make_shared<const View>()),
+      listings_here_(metrics::GetCounter(kListings, kListingsHelp, {{"answered", "here"}})),
+      listings_forwarded_(metrics::GetCounter(kListings, kListingsHelp, {{"answered", "forwarded"}})),
+      listings_by_worker_(metrics::GetCounter(kListings, kListingsHelp, {{"answered", "worker"}})) {
+  if (options_.workers > 0 && options_.forward_links_per_peer > 0) {
+    SliceForwarderOptions f;
+    f.client = options_.client;
+    f.links_per_peer = options_.forward_links_per_peer;
+    f.max_in_flight = options_.forward_max_in_flight;
+    f.reply_timeout = std::chrono::milliseconds(options_.read_timeout_ms) + options_.client.timeout;
+    forwarder_ = std::make_unique<SliceForwarder>(std::move(f));
+  }
   for (size_t i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -224,6 +243,8 @@ BoardService::~BoardService() {
   jobs_cv_.notify_all();
   for (auto& job : left) job.responder.Respond(JsonError(503, "the node is shutting down"));
   for (auto& t : workers_) t.join();
+  // Forwarded reads still out fail now; their fallback (Enqueue) answers 503.
+  forwarder_.reset();
 }
 
 void BoardService::WorkerLoop() {
@@ -242,20 +263,33 @@ void BoardService::WorkerLoop() {
 
 std::optional<http::Response> BoardService::HandleAsync(const http::Request& request, http::Responder& responder) {
   if (workers_.empty()) return Handle(request);
-  if (auto now = Route(request, /*may_block=*/false)) return now;
-  std::lock_guard<std::mutex> lock(jobs_mu_);
-  if (stopping_) return JsonError(503, "the node is shutting down");
-  if (jobs_.size() >= options_.max_queued) {
-    http::Response busy = JsonError(503, fmt::format("{} requests are already waiting; retry", jobs_.size()));
-    busy.headers.Add("Retry-After", "1");
-    return busy;
-  }
-  jobs_.push_back(Job{request, std::move(responder)});
-  jobs_cv_.notify_one();
+  if (auto now = Route(request, /*may_block=*/false, &responder)) return now;
+  if (responder.empty()) return std::nullopt;  // forwarded
+  Enqueue(request, std::move(responder));
   return std::nullopt;
 }
 
-http::Response BoardService::Handle(const http::Request& request) { return *Route(request, /*may_block=*/true); }
+void BoardService::AfterEvents() {
+  if (forwarder_) forwarder_->Flush();
+}
+
+void BoardService::Enqueue(http::Request request, http::Responder responder) {
+  std::unique_lock<std::mutex> lock(jobs_mu_);
+  if (stopping_ || jobs_.size() >= options_.max_queued) {
+    http::Response busy = stopping_ ? JsonError(503, "the node is shutting down")
+                                    : JsonError(503, fmt::format("{} requests are already waiting; retry", jobs_.size()));
+    busy.headers.Add("Retry-After", "1");
+    lock.unlock();
+    responder.Respond(std::move(busy));
+    return;
+  }
+  jobs_.push_back(Job{std::move(request), std::move(responder)});
+  jobs_cv_.notify_one();
+}
+
+http::Response BoardService::Handle(const http::Request& request) {
+  return *Route(request, /*may_block=*/true, nullptr);
+}
 
 std::unique_ptr<replication::Client> BoardService::TakeClient(const std::string& uri, Status* error) {
   {
@@ -382,6 +416,8 @@ std::optional<Result<SliceReply>> BoardService::SliceRead(const SliceRequest& re
     return Result<SliceReply>(std::move(r));
   }
   std::string uri = ReadUri(*view, request.tree);
+  // Later listings of this tree can then be forwarded from the event thread.
+  if (forwarder_ && uri != options_.node_uri && request.version == 0) (void)forwarder_->Connect(uri);
   auto r = SliceFrom(uri, request);
   // A replica holds a tree only from its first commit on: an empty (or just
   // created) tree is asked of its leader before it counts as unknown.
@@ -424,7 +460,8 @@ Status BoardService::EnsureRegistry() {
   return Status::Ok();
 }
 
-std::optional<http::Response> BoardService::Route(const http::Request& request, bool may_block) {
+std::optional<http::Response> BoardService::Route(const http::Request& request, bool may_block,
+                                                  http::Responder* responder) {
   auto parts = SplitPath(request.path());
   if (!parts) return JsonError(400, "malformed percent-escape in the path");
   const auto& p = *parts;
@@ -441,7 +478,7 @@ std::optional<http::Response> BoardService::Route(const http::Request& request, 
     if (!ValidBoardName(p[1], options_.max_name_bytes)) {
       return JsonError(400, fmt::format("bad board name (1..{} characters of A-Z a-z 0-9 _ -)", options_.max_name_bytes));
     }
-    if (request.method == "GET") return ListMessages(p[1], request, may_block);
+    if (request.method == "GET") return ListMessages(p[1], request, may_block, responder);
     if (request.method == "POST") {
       if (!may_block) return std::nullopt;
       return PostMessage(p[1], request);
@@ -576,16 +613,16 @@ http::Response BoardService::PostMessage(const std::string& board, const http::R
       201, Dump(json{{"id", r->version}, {"version", r->version}, {"acks", r->acks}, {"cl", cl}}));
 }
 
-std::optional<http::Response> BoardService::ListMessages(const std::string& board, const http::Request& request,
-                                                         bool may_block) {
+std::variant<BoardService::Listing, http::Response> BoardService::ParseListing(const std::string& board,
+                                                                              const http::Request& request) const {
   auto query = ParseQuery(request.query());
   if (!query) return JsonError(400, "malformed query string");
-  uint64_t after = 0;
+  Listing listing;
   uint64_t limit = options_.default_list_limit;
   if (query->count("after")) {
     auto a = ParseUint((*query)["after"]);
     if (!a || *a > UINT32_MAX) return JsonError(400, "after must be a message id (a non-negative integer)");
-    after = *a;
+    listing.after = *a;
   }
   if (query->count("limit")) {
     auto l = ParseUint((*query)["limit"]);
@@ -594,10 +631,10 @@ std::optional<http::Response> BoardService::ListMessages(const std::string& boar
     }
     limit = *l;
   }
-  SliceRequest req;
+  SliceRequest& req = listing.slice;
   req.tree = BoardTreeName(board);
   req.timeout_ms = options_.read_timeout_ms;
-  if (auto e = ReadLevelParam(*query, &req.level)) return e;
+  if (auto e = ReadLevelParam(*query, &req.level)) return std::move(*e);
   if (query->count("version")) {
     auto v = ParseUint((*query)["version"]);
     if (!v || *v == 0) return JsonError(400, "version must be a board version (a positive integer)");
@@ -606,9 +643,67 @@ std::optional<http::Response> BoardService::ListMessages(const std::string& boar
   }
   // At version V message `id` is child V - id: messages after+1 .. after+limit
   // are the children [V - after - limit, V - after), counted from the end.
-  req.child_from = static_cast<uint32_t>(after);
+  req.child_from = static_cast<uint32_t>(listing.after);
   req.child_limit = static_cast<uint32_t>(limit);
   req.from_end = true;
+  return listing;
+}
+
+// A forwarded listing waiting for its SLICE reply (see board.h): answers an
+// OK reply itself and gives anything else to the workers.
+class BoardService::ForwardedListing : public SliceForwarder::Waiter {
+ public:
+  ForwardedListing(BoardService* service, std::string board, Listing listing, const http::Request& request,
+                   http::Responder responder)
+      : service_(service), board_(std::move(board)), listing_(std::move(listing)), request_(request),
+        responder_(std::move(responder)) {}
+
+  void Done(Result<SliceReply> reply) override {
+    if (reply.ok() && reply->status.code == StatusCode::kOk) {
+      http::Response response = service_->RenderListing(board_, listing_, *reply);
+      if (response.status == 200) service_->listings_forwarded_.Increment();
+      responder_.Respond(std::move(response));
+      return;
+    }
+    service_->Enqueue(std::move(request_), std::move(responder_));
+  }
+
+  http::Responder TakeResponder() { return std::move(responder_); }
+
+ private:
+  BoardService* const service_;
+  const std::string board_;
+  const Listing listing_;
+  http::Request request_;
+  http::Responder responder_;
+};
+
+bool BoardService::TryForwardListing(const std::string& board, const Listing& listing, const http::Request& request,
+                                     http::Responder* responder) {
+  if (!forwarder_ || responder == nullptr || listing.slice.level != ReadLevel::kOne || listing.slice.version != 0) {
+    return false;
+  }
+  auto view = CurrentView(/*may_block=*/false);
+  if (!view->valid || Clock::now() - view->fetched >= options_.view_refresh || view->IsOwner(listing.slice.tree)) {
+    return false;
+  }
+  const std::string uri = ReadUri(*view, listing.slice.tree);
+  if (uri == options_.node_uri) return false;
+  auto waiter = std::make_unique<ForwardedListing>(this, board, listing, request, std::move(*responder));
+  ForwardedListing* forwarded = waiter.get();
+  std::unique_ptr<SliceForwarder::Waiter> base = std::move(waiter);
+  if (forwarder_->TrySend(uri, listing.slice, base)) return true;
+  *responder = forwarded->TakeResponder();  // not sent: `base` still owns it
+  return false;
+}
+
+std::optional<http::Response> BoardService::ListMessages(const std::string& board, const http::Request& request,
+                                                         bool may_block, http::Responder* responder) {
+  auto parsed = ParseListing(board, request);
+  if (auto* error = std::get_if<http::Response>(&parsed)) return std::move(*error);
+  const Listing& listing = std::get<Listing>(parsed);
+  const SliceRequest& req = listing.slice;
+  if (!may_block && TryForwardListing(board, listing, request, responder)) return std::nullopt;
   auto read = SliceRead(req, may_block);
   if (!read) return std::nullopt;
   if (!read->ok()) return JsonError(HttpStatusFor(read->status()), read->status().ToString());
@@ -625,11 +720,18 @@ std::optional<http::Response> BoardService::ListMessages(const std::string& boar
   }
   if (s.code() == StatusCode::kNotFound) return JsonError(404, "no board " + board);
   if (!s.ok()) return JsonError(HttpStatusFor(s), s.ToString());
+  http::Response response = RenderListing(board, listing, r);
+  if (response.status == 200) (may_block ? listings_by_worker_ : listings_here_).Increment();
+  return response;
+}
+
+http::Response BoardService::RenderListing(const std::string& board, const Listing& listing,
+                                           const SliceReply& r) const {
   const uint64_t version = r.version;
   const uint64_t count = r.child_count;
   if (count != version) {
     return JsonError(500, fmt::format("board tree {} holds {} children at version {}: it was written outside the "
-                                      "board API", req.tree, count, version));
+                                      "board API", listing.slice.tree, count, version));
   }
   // Children come newest first (index 0 = message `version`): list oldest
   // first. Rendered by hand: this is the board's hot path (no JSON tree).
@@ -638,11 +740,11 @@ std::optional<http::Response> BoardService::ListMessages(const std::string& boar
   out += "{\"board\":";
   AppendJsonString(&out, board);
   out += ",\"cl\":\"";
-  out += replication::ReadLevelName(req.level);
+  out += replication::ReadLevelName(listing.slice.level);
   out += "\",\"count\":";
   out += std::to_string(count);
   out += ",\"messages\":[";
-  uint64_t next_after = after;
+  uint64_t next_after = listing.after;
   static const std::string kEmpty;
   for (size_t k = r.children.size(); k-- > 0;) {
     const auto& attributes = r.children[k].attributes;

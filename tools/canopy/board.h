@@ -46,11 +46,24 @@
 // Serving many clients: http::Server runs one event thread; HandleAsync
 // answers there only what cannot block — a GET at ONE that this node's own
 // store answers through BoardOptions::local_slice (no network) — and hands
-// everything else (posts, board creation, LEADER / QUORUM reads, reads
-// routed to other nodes) to `workers` threads through a queue of at most
-// max_queued requests (beyond it: 503 at once). So a write waiting for its
-// consistency level holds one worker, never the other clients. workers = 0
-// serves everything on the event thread (the old behaviour).
+// everything else (posts, board creation, LEADER / QUORUM reads) to
+// `workers` threads through a queue of at most max_queued requests (beyond
+// it: 503 at once). So a write waiting for its consistency level holds one
+// worker, never the other clients. workers = 0 serves everything on the
+// event thread (the old behaviour).
+// A listing at ONE of a board this node does not own (the newest version)
+// is forwarded from the event thread, without a worker, through a
+// SliceForwarder (tools/canopy/slice_forwarder.h): many SLICEs in flight on
+// a few connections per owner, each answered by the forwarder's reader
+// thread as its reply comes. Whatever that path cannot settle — no
+// connection yet (a worker then dials one for the next reads), too many
+// reads out, a failed link, or a reply other than OK (e.g. NotFound at a
+// replica, which the blocking path asks the leader about) — goes to the
+// workers as before, so the answer is the same either way.
+//
+// Metrics (base/metrics.h): canopy_board_listings_total{answered="here" |
+// "forwarded" | "worker"} counts listings answered 200 from this node's own
+// store on the event thread, through the forwarder, or by a worker.
 //
 // Thread safety: Handle and HandleAsync may be called from several threads
 // at once (the server's event thread and the workers).
@@ -68,10 +81,13 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
+#include "base/metrics.h"
 #include "replication/client.h"
 #include "replication/ring.h"
+#include "tools/canopy/slice_forwarder.h"
 #include "tools/http/server.h"
 
 namespace canopy::board {
@@ -93,6 +109,10 @@ struct BoardOptions {
   std::chrono::milliseconds view_refresh{1000};  // how long a cluster view (STATUS) is reused
   size_t workers = 32;        // threads for requests that may block (0: all on the caller's thread)
   size_t max_queued = 4096;   // requests waiting for a worker; more are answered 503
+  // Forwarded listings (see above): connections per owner, SLICEs in flight
+  // per connection; 0 links: every forwarded read takes a worker.
+  size_t forward_links_per_peer = 2;
+  size_t forward_max_in_flight = 512;
 };
 
 // Tree names used for a board and for the registry.
@@ -111,6 +131,8 @@ class BoardService : public http::Handler {
   http::Response Handle(const http::Request& request) override;
   // Answers now when that cannot block, else queues for a worker.
   std::optional<http::Response> HandleAsync(const http::Request& request, http::Responder& responder) override;
+  // Sends the listings forwarded in this round of events.
+  void AfterEvents() override;
 
   // Request bodies larger than this are refused with 413 by the server
   // (set ServerOptions::limits.max_body_bytes to it).
@@ -122,14 +144,34 @@ class BoardService : public http::Handler {
     http::Request request;
     http::Responder responder;
   };
+  class ForwardedListing;
+  // A listing's parameters, parsed from the query.
+  struct Listing {
+    replication::SliceRequest slice;
+    uint64_t after = 0;
+  };
   // may_block false: std::nullopt when answering would block (the caller
-  // then queues the request for a worker).
-  std::optional<http::Response> Route(const http::Request& request, bool may_block);
+  // then queues the request for a worker) or when the request was
+  // forwarded: then `*responder` was taken (left empty) and answers later.
+  std::optional<http::Response> Route(const http::Request& request, bool may_block, http::Responder* responder);
   std::optional<http::Response> ListBoards(const http::Request& request, bool may_block);
   http::Response CreateBoard(const http::Request& request);
   http::Response PostMessage(const std::string& board, const http::Request& request);
   std::optional<http::Response> ListMessages(const std::string& board, const http::Request& request,
-                                             bool may_block);
+                                             bool may_block, http::Responder* responder);
+  // The listing's parameters, or the 400 that answers a malformed query.
+  std::variant<Listing, http::Response> ParseListing(const std::string& board, const http::Request& request) const;
+  // Answers a listing from an OK SLICE reply (200, or 500 for a board tree
+  // written outside the board API).
+  http::Response RenderListing(const std::string& board, const Listing& listing,
+                               const replication::SliceReply& reply) const;
+  // Forwards a listing at ONE to the owner that ReadUri picks, when this
+  // node does not own the board and a forwarder link is open; true when
+  // sent (`*responder` taken).
+  bool TryForwardListing(const std::string& board, const Listing& listing, const http::Request& request,
+                         http::Responder* responder);
+  // Queues `request` for a worker (or answers 503: too many queued, or stopping).
+  void Enqueue(http::Request request, http::Responder responder);
   void WorkerLoop();
 
   // Pooled clients by URI: taken by one thread, given back after a call.
@@ -160,6 +202,11 @@ class BoardService : public http::Handler {
   std::deque<Job> jobs_;
   bool stopping_ = false;  // (jobs_mu_)
   std::vector<std::thread> workers_;
+  std::unique_ptr<SliceForwarder> forwarder_;  // null when workers or forward_links_per_peer is 0
+  // canopy_board_listings_total by how the listing was answered.
+  prometheus::Counter& listings_here_;
+  prometheus::Counter& listings_forwarded_;
+  prometheus::Counter& listings_by_worker_;
 };
 
 }  // namespace canopy::board

@@ -275,6 +275,7 @@ Status Server::Impl::Run() {
         if (it != connections_.end()) OnEvent(it->second.get(), events[i].events);
       }
     }
+    handler_->AfterEvents();
     ExpireTimers();
     if (now_ >= run_end_) {
       stats_.max_duration_reached = true;

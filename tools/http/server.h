@@ -93,6 +93,10 @@ class Handler {
     (void)responder;
     return Handle(request);
   }
+  // Called on the server thread after each round of socket events, once
+  // every request read in it went to HandleAsync: a handler that collects
+  // deferred work (e.g. requests to forward) sends it here, in one go.
+  virtual void AfterEvents() {}
 };
 
 struct ServerOptions {
