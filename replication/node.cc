@@ -125,6 +125,13 @@ Status Node::Impl::Init() {
       t.takeover_version = tv;
     }
   }
+  SliceForwarderOptions links;
+  links.client.cluster = options.cluster;
+  links.client.secret = options.secret;
+  links.client.client_id = "node-" + node_id + "-quorum-reads";
+  links.client.timeout = std::chrono::milliseconds(2000);
+  links.reply_timeout = std::chrono::milliseconds(2000);  // as the pooled peer clients of SliceFromPeer
+  quorum_links = std::make_unique<SliceForwarder>(std::move(links));
   return Status::Ok();
 }
 
@@ -190,6 +197,7 @@ void Node::Impl::Stop() {
     if (stopping.exchange(true)) return;
     for (auto* c : open_conns) c->Close();
   }
+  if (quorum_links) quorum_links->Shutdown();  // QUORUM reads in flight end (their callers fall back)
   {
     std::lock_guard<std::mutex> lock(mu);
     cv.notify_all();
@@ -381,5 +389,11 @@ void Node::Stop() {
 const std::string& Node::uri() const { return impl_->uri; }
 const std::string& Node::node_id() const { return impl_->node_id; }
 SliceReply Node::Slice(const SliceRequest& request) { return impl_->HandleSlice(request); }
+bool Node::SliceAsync(const SliceRequest& request, std::function<void(std::optional<SliceReply>)> done) {
+  return impl_->SliceQuorumAsync(request, std::move(done));
+}
+void Node::FlushSlices() {
+  if (impl_->quorum_links) impl_->quorum_links->Flush();
+}
 
 }  // namespace canopy::replication

@@ -51,8 +51,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -134,6 +136,19 @@ class Node {
   // loopback round trip. Thread safe; LEADER and QUORUM may block up to
   // request.timeout_ms.
   SliceReply Slice(const SliceRequest& request);
+  // Starts a QUORUM `request` without blocking: the owners' SLICEs at ONE go
+  // out on pipelined peer links (replication/slice_forwarder.h) once
+  // FlushSlices runs, and the last answer settles it. Returns true when the
+  // read started: `done` is then called once, on a link's reader thread (or
+  // before SliceAsync returns), with the reply Slice would give, or with
+  // nullopt when the answers cannot settle it without blocking (an owner
+  // failed, or copies disagree across a failover): call Slice then. Returns
+  // false, never calling `done`, for any other level, when an owner it
+  // needs is down or has no open link yet (Slice at QUORUM opens the
+  // links), or while stopping. Thread safe.
+  bool SliceAsync(const SliceRequest& request, std::function<void(std::optional<SliceReply>)> done);
+  // Sends the SLICEs SliceAsync queued (one batch per peer link).
+  void FlushSlices();
 
   struct Impl;
 

@@ -76,6 +76,7 @@
 #include "replication/node.h"
 #include "replication/node_metrics.h"
 #include "replication/protocol.h"
+#include "replication/slice_forwarder.h"
 #include "replication/ring.h"
 #include "transport/transport.h"
 #include "tree/store.h"
@@ -492,6 +493,33 @@ struct Node::Impl {
   SliceReply SliceLocal(const SliceRequest& req);
   SliceReply SliceAtLeader(const SliceRequest& req);
   SliceReply SliceAtQuorum(const SliceRequest& req);
+  // One QUORUM read's answers at ONE from the owners, merged as they come
+  // (SliceAtQuorum and SliceQuorumAsync share it). Not thread safe.
+  struct QuorumMerge {
+    uint32_t answered = 0;           // OK and NotFound answers
+    std::optional<SliceReply> best;  // highest (data epoch, version)
+    uint64_t newest_version = 0;     // over every OK answer
+    std::string not_found;           // the first NotFound's message
+    std::string failures;            // "; node N: why" for each failure
+    // An owner's answer: OK counts, NotFound counts holding nothing (an
+    // owner without a copy yet), anything else is a failure.
+    void Add(const std::string& id, SliceReply r);
+    void Fail(const std::string& id, const Status& why);
+    // The reply once the answers are in: Unavailable (fewer than `need`
+    // answered), NotFound (no answer holds it), or the best copy; nullopt
+    // when copies of different epochs disagree (`*why`: how), for the
+    // leader to settle (QuorumReadFromLeader).
+    std::optional<SliceReply> Settle(const SliceRequest& req, uint32_t need, const std::string& self,
+                                     std::string* why);
+  };
+  // The tree's owners (id, URI), this node first, then live peers, then the
+  // rest; `*alive` how many lead the list being this node or live. mu held.
+  std::vector<std::pair<std::string, std::string>> QuorumOwnersLocked(const std::string& tree, size_t* alive);
+  // Node::SliceAsync for a QUORUM read: the owners' SLICEs at ONE go out on
+  // quorum_links; false (nothing answered, `done` dropped) when it cannot
+  // start that way. `done` gets nullopt when the answers cannot settle it
+  // without blocking.
+  bool SliceQuorumAsync(const SliceRequest& req, std::function<void(std::optional<SliceReply>)> done);
   // A QUORUM read the owners' answers cannot settle (copies of different
   // epochs disagree, `why`), answered by the tree's leader at LEADER level;
   // Unavailable naming `why` when the leader cannot be asked.
@@ -514,6 +542,10 @@ struct Node::Impl {
   uint64_t fence_done = 0;     // the last one finished (fence_mu)
   bool fence_running = false;
   Result<std::shared_ptr<const meta::ClusterState>> fence_result = Status::Unavailable("no barrier yet");
+  // Pipelined SLICE links to peers for SliceQuorumAsync (opened by the
+  // blocking QUORUM path, which Node::SliceAsync's callers fall back to).
+  // Shut down in Stop; thread safe.
+  std::unique_ptr<SliceForwarder> quorum_links;
   std::mutex read_pool_mu;  // never held with mu nor across a call
   std::map<std::string, std::vector<std::unique_ptr<Client>>> read_pool;  // peer URI -> idle clients
 };

@@ -263,66 +263,49 @@ void Node::Impl::ReturnPeerClient(const std::string& peer_uri, std::unique_ptr<C
   if (idle.size() < kMaxIdlePeerClients && !stopping) idle.push_back(std::move(c));
 }
 
-SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
+std::vector<std::pair<std::string, std::string>> Node::Impl::QuorumOwnersLocked(const std::string& tree,
+                                                                               size_t* alive) {
   std::vector<std::pair<std::string, std::string>> owners;  // id, URI
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& o : OwnersLocked(req.tree)) owners.emplace_back(o, UriOfLocked(o));
-    // Ourselves first, then live peers, then the rest.
-    std::stable_sort(owners.begin(), owners.end(), [&](const auto& a, const auto& b) {
-      auto rank = [&](const std::string& id) { return id == node_id ? 0 : AliveLocked(id) ? 1 : 2; };
-      return rank(a.first) < rank(b.first);
-    });
-  }
-  const uint32_t need = RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size()));
-  SliceRequest one = req;
-  one.level = ReadLevel::kOne;
-  Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
-  uint32_t answered = 0;
-  std::optional<SliceReply> best;
-  // The newest version any answer held: newer than best's only when an
-  // older data epoch's copy holds it (see below).
-  uint64_t newest_version = 0;
-  std::string failures;
-  std::string not_found;
-  for (const auto& [id, peer_uri] : owners) {
-    if (answered >= need || deadline.expired()) break;
-    SliceReply r;
-    if (id == node_id) {
-      r = SliceLocal(one);
-    } else {
-      auto got = SliceFromPeer(peer_uri, one);
-      if (!got.ok()) {
-        failures += fmt::format("; node {}: {}", id, got.status().ToString());
-        continue;
-      }
-      r = std::move(*got);
+  for (const auto& o : OwnersLocked(tree)) owners.emplace_back(o, UriOfLocked(o));
+  auto rank = [&](const std::string& id) { return id == node_id ? 0 : AliveLocked(id) ? 1 : 2; };
+  std::stable_sort(owners.begin(), owners.end(),
+                   [&](const auto& a, const auto& b) { return rank(a.first) < rank(b.first); });
+  *alive = 0;
+  while (*alive < owners.size() && rank(owners[*alive].first) < 2) ++*alive;
+  return owners;
+}
+
+void Node::Impl::QuorumMerge::Add(const std::string& id, SliceReply r) {
+  if (r.status.code == StatusCode::kOk) {
+    ++answered;
+    newest_version = std::max(newest_version, r.version);
+    if (!best || std::make_pair(r.data_epoch, r.version) > std::make_pair(best->data_epoch, best->version)) {
+      best = std::move(r);
     }
-    // An owner without a copy yet (replicas get one with the tree's first
-    // commit), or without that path, answers NotFound: it counts, holding nothing.
-    if (r.status.code == StatusCode::kOk) {
-      ++answered;
-      newest_version = std::max(newest_version, r.version);
-      if (!best || std::make_pair(r.data_epoch, r.version) > std::make_pair(best->data_epoch, best->version)) {
-        best = std::move(r);
-      }
-    } else if (r.status.code == StatusCode::kNotFound) {
-      ++answered;
-      if (not_found.empty()) not_found = r.status.message;
-    } else {
-      failures += fmt::format("; node {}: {}", id, r.status.message);
-    }
+  } else if (r.status.code == StatusCode::kNotFound) {
+    ++answered;
+    if (not_found.empty()) not_found = r.status.message;
+  } else {
+    failures += fmt::format("; node {}: {}", id, r.status.message);
   }
+}
+
+void Node::Impl::QuorumMerge::Fail(const std::string& id, const Status& why) {
+  failures += fmt::format("; node {}: {}", id, why.ToString());
+}
+
+std::optional<SliceReply> Node::Impl::QuorumMerge::Settle(const SliceRequest& req, uint32_t need,
+                                                          const std::string& self, std::string* why) {
   if (answered < need) {
     SliceReply reply;
-    reply.answered_by = node_id;
+    reply.answered_by = self;
     reply.status = StatusReplyFields::From(Status::Unavailable(fmt::format(
         "QUORUM read of {}: {} of the {} owners needed answered{}", req.tree, answered, need, failures)));
     return reply;
   }
   if (!best) {
     SliceReply reply;
-    reply.answered_by = node_id;
+    reply.answered_by = self;
     reply.status = StatusReplyFields::From(Status::NotFound(fmt::format(
         "none of a quorum of owners holds {} at path /{}: {}", req.tree, fmt::join(req.path, "/"), not_found)));
     return reply;
@@ -336,11 +319,134 @@ SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
     // rule, or a bug, could make them acknowledged writes. Rather than
     // trust either copy, the tree's leader decides, at LEADER level
     // (linearizable).
-    return QuorumReadFromLeader(req, fmt::format("node {} holds version {} at epoch {}, another owner version {}",
-                                                 best->answered_by, best->version, best->data_epoch,
-                                                 newest_version));
+    *why = fmt::format("node {} holds version {} at epoch {}, another owner version {}", best->answered_by,
+                       best->version, best->data_epoch, newest_version);
+    return std::nullopt;
   }
   return std::move(*best);
+}
+
+SliceReply Node::Impl::SliceAtQuorum(const SliceRequest& req) {
+  std::vector<std::pair<std::string, std::string>> owners;  // id, URI
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    size_t alive = 0;
+    owners = QuorumOwnersLocked(req.tree, &alive);
+  }
+  const uint32_t need = RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size()));
+  SliceRequest one = req;
+  one.level = ReadLevel::kOne;
+  Deadline deadline = Deadline::After(std::chrono::milliseconds(req.timeout_ms));
+  QuorumMerge merge;
+  for (const auto& [id, peer_uri] : owners) {
+    if (merge.answered >= need || deadline.expired()) break;
+    if (id == node_id) {
+      merge.Add(id, SliceLocal(one));
+      continue;
+    }
+    auto got = SliceFromPeer(peer_uri, one);
+    if (!got.ok()) {
+      merge.Fail(id, got.status());
+      continue;
+    }
+    merge.Add(id, std::move(*got));
+    // The next QUORUM read started without blocking can use this peer.
+    if (quorum_links) (void)quorum_links->Connect(peer_uri);
+  }
+  std::string why;
+  auto settled = merge.Settle(req, need, node_id, &why);
+  if (!settled) return QuorumReadFromLeader(req, why);
+  return std::move(*settled);
+}
+
+namespace {
+
+// A QUORUM read started by SliceQuorumAsync: the owners' answers as they
+// come, settled once the last one is in.
+struct QuorumGather {
+  std::mutex mu;
+  Node::Impl::QuorumMerge merge;  // (mu)
+  size_t remaining = 0;           // answers still to come (mu)
+  bool failed = false;            // an answer was a failure (mu)
+  bool abandoned = false;         // the read was not started after all (mu)
+  SliceRequest request;
+  uint32_t need = 0;
+  std::string self;
+  std::function<void(std::optional<SliceReply>)> done;
+
+  // Counts one answer; the last one settles the read (outside mu).
+  void Answer(const std::string& id, Result<SliceReply> reply) {
+    std::optional<SliceReply> settled;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (abandoned) return;
+      if (!reply.ok()) {
+        failed = true;
+      } else {
+        StatusCode code = reply->status.code;
+        if (code != StatusCode::kOk && code != StatusCode::kNotFound) failed = true;
+        merge.Add(id, std::move(*reply));
+      }
+      if (--remaining > 0) return;
+      // A failure or a disagreement: the blocking path (SliceAtQuorum)
+      // tries the other owners, or asks the leader.
+      std::string why;
+      if (!failed) settled = merge.Settle(request, need, self, &why);
+    }
+    done(std::move(settled));
+  }
+};
+
+class QuorumAnswer : public SliceForwarder::Waiter {
+ public:
+  QuorumAnswer(std::shared_ptr<QuorumGather> gather, std::string id) : gather_(std::move(gather)), id_(std::move(id)) {}
+  void Done(Result<SliceReply> reply) override { gather_->Answer(id_, std::move(reply)); }
+
+ private:
+  std::shared_ptr<QuorumGather> gather_;
+  std::string id_;
+};
+
+}  // namespace
+
+bool Node::Impl::SliceQuorumAsync(const SliceRequest& req, std::function<void(std::optional<SliceReply>)> done) {
+  if (!quorum_links || stopping || req.level != ReadLevel::kQuorum || req.version != 0 ||
+      req.child_limit > kMaxSliceChildren) {
+    return false;  // the blocking path answers (or refuses) these
+  }
+  std::vector<std::pair<std::string, std::string>> owners;
+  size_t alive = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    owners = QuorumOwnersLocked(req.tree, &alive);
+  }
+  const uint32_t need = RequiredAcks(ConsistencyLevel::kQuorum, static_cast<uint32_t>(owners.size()));
+  if (need == 0 || alive < need) return false;
+  auto gather = std::make_shared<QuorumGather>();
+  gather->remaining = need;
+  gather->request = req;
+  gather->need = need;
+  gather->self = node_id;
+  gather->done = std::move(done);
+  SliceRequest one = req;
+  one.level = ReadLevel::kOne;
+  bool self_asked = false;
+  for (size_t k = 0; k < need; ++k) {
+    const auto& [id, peer_uri] = owners[k];
+    if (id == node_id) {
+      self_asked = true;
+      continue;
+    }
+    std::unique_ptr<SliceForwarder::Waiter> waiter = std::make_unique<QuorumAnswer>(gather, id);
+    if (!quorum_links->TrySend(peer_uri, one, waiter)) {
+      // Answers to what was already queued are dropped.
+      std::lock_guard<std::mutex> lock(gather->mu);
+      gather->abandoned = true;
+      return false;
+    }
+  }
+  if (self_asked) gather->Answer(node_id, SliceLocal(one));
+  return true;
 }
 
 SliceReply Node::Impl::QuorumReadFromLeader(const SliceRequest& req, const std::string& why) {

@@ -339,8 +339,9 @@ TEST(BulletinTest, AWaitingWriteDoesNotBlockOtherClients) {
 
 // A node that owns no copy of a board sends its listings at ONE on to an
 // owner from its HTTP thread, many at once on a few connections (the
-// board's SliceForwarder): each answer is that listing, also under load,
-// and once that owner is killed the listings come from the other one.
+// board's SliceForwarder), and gathers QUORUM listings from the owners the
+// same way (Node::SliceAsync): each answer is that listing, also under
+// load, and once an owner is killed the listings come from the other one.
 TEST(BulletinTest, ListingsAtANodeWithoutACopyAreForwardedToAnOwner) {
   BoardCluster b(4, {"--rf", "2"}, /*metrics=*/true);
   ASSERT_TRUE(b.Start());
@@ -362,9 +363,9 @@ TEST(BulletinTest, ListingsAtANodeWithoutACopyAreForwardedToAnOwner) {
   }
   const std::string forwarded = R"(canopy_board_listings_total{answered="forwarded"})";
   // Checks listings of every page through `reader`; true when each was right.
-  auto pages_are_right = [&](bool quiet) {
+  auto pages_are_right = [&](bool quiet, const std::string& cl = "ONE") {
     for (int after = 0; after < kPosts; after += 7) {
-      auto r = b.Call(reader, "GET", "/boards/far/messages?limit=5&after=" + std::to_string(after));
+      auto r = b.Call(reader, "GET", "/boards/far/messages?limit=5&cl=" + cl + "&after=" + std::to_string(after));
       json j = BoardCluster::Body(r);
       if (quiet && r.status != 200) return false;
       EXPECT_EQ(r.status, 200) << r.body;
@@ -394,6 +395,19 @@ TEST(BulletinTest, ListingsAtANodeWithoutACopyAreForwardedToAnOwner) {
   ASSERT_TRUE(l.is_object()) << output;
   EXPECT_EQ(l["status_codes"]["200"], 3000) << output;
   EXPECT_GE(b.Metric(reader, forwarded) - before_load, 2900) << "most listings under load went to a worker";
+  // QUORUM listings gather both owners' answers from the HTTP thread too
+  // (once a worker's QUORUM read has opened the node's links to them).
+  const double before_quorum = b.Metric(reader, forwarded);
+  ASSERT_TRUE(WaitUntil([&] { return pages_are_right(true, "QUORUM") && b.Metric(reader, forwarded) > before_quorum; },
+                        std::chrono::seconds(10)))
+      << "no QUORUM listing was answered without a worker";
+  pages_are_right(false, "QUORUM");
+  output.clear();
+  rc = RunCommand(BinaryPath("tools/load/load") + " -n 2000 -c 64 -t 2 -k --json '" + url + "&cl=QUORUM'", &output);
+  ASSERT_EQ(rc, 0) << output;
+  l = json::parse(output, nullptr, false);
+  ASSERT_TRUE(l.is_object()) << output;
+  EXPECT_EQ(l["status_codes"]["200"], 2000) << output;
   // Kill the owners one at a time... the reads move to the one still up.
   b.cluster().Kill(owners[0]);
   ASSERT_TRUE(WaitUntil([&] { return pages_are_right(true); }, std::chrono::seconds(15)))

@@ -1,10 +1,14 @@
-// SliceForwarder (tools/canopy/slice_forwarder.h) against a real node in
+// SliceForwarder (replication/slice_forwarder.h) against a real node in
 // this process (tcp://127.0.0.1, one member, RF 1): many SLICEs in flight on
 // its links each get their own reply, in any number; nothing goes out before
 // Connect; a stopped node fails what is out and refuses what comes; a dial
 // that failed is not retried within the redial interval; destroying the
-// forwarder fails what it still holds, each waiter exactly once.
-#include "tools/canopy/slice_forwarder.h"
+// forwarder fails what it still holds, each waiter exactly once. And
+// Node::SliceAsync, which gathers a QUORUM read over such links, on three
+// nodes in this process: the same answer as the blocking Slice, nothing
+// started before the links exist, and every read that started ends once
+// when an owner stops.
+#include "replication/slice_forwarder.h"
 
 #include <atomic>
 #include <chrono>
@@ -22,7 +26,7 @@
 #include "tests/testing/test_util.h"
 #include "transport/builtin.h"
 
-namespace canopy::board {
+namespace canopy::replication {
 namespace {
 
 using replication::Edit;
@@ -258,5 +262,156 @@ TEST_F(SliceForwarderTest, DestroyingTheForwarderFailsWhatItHolds) {
   EXPECT_EQ(errors.begin()->second.code(), StatusCode::kAborted) << errors.begin()->second.ToString();
 }
 
+// Three nodes in this process (RF 3), tree t with kChildren children
+// committed at ALL.
+class SliceAsyncTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    transport::RegisterBuiltinTransports();
+    for (int i = 1; i <= 3; ++i) {
+      NodeOptions o;
+      o.listen_uri = "tcp://127.0.0.1:0";
+      o.data_dir = dir_.File("node" + std::to_string(i));
+      o.cluster = kCluster;
+      o.node_id = std::to_string(i);
+      o.secret = kSecret;
+      o.ring.replication_factor = 3;
+      o.heartbeat_interval = std::chrono::milliseconds(50);
+      if (!nodes_.empty()) o.seeds = {nodes_[0]->uri()};
+      auto node = Node::Start(o);
+      ASSERT_TRUE(node.ok()) << node.status().ToString();
+      nodes_.push_back(std::move(*node));
+    }
+    ClientOptions co;
+    co.cluster = kCluster;
+    co.secret = kSecret;
+    auto client = Client::Connect(nodes_[0]->uri(), co);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    // Every node sees the other two alive.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    bool joined = false;
+    while (!joined && std::chrono::steady_clock::now() < deadline) {
+      joined = true;
+      for (auto& n : nodes_) {
+        auto c = Client::Connect(n->uri(), co);
+        auto st = c.ok() ? (*c)->GetStatus() : Result<StatusReply>(c.status());
+        size_t alive = 0;
+        if (st.ok()) {
+          for (const auto& m : st->nodes) alive += m.alive ? 1 : 0;
+        }
+        joined = joined && alive == 3;
+      }
+      if (!joined) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(joined) << "the three nodes did not see each other alive within 15 s";
+    ASSERT_TRUE((*client)->CreateTree("t").ok());
+    CommitRequest c;
+    c.tree = "t";
+    c.level = ConsistencyLevel::kAll;
+    for (uint32_t k = 0; k < kChildren; ++k) {
+      c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
+      c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {k}, "n", std::to_string(k), 0});
+    }
+    auto committed = (*client)->Commit(c);
+    ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+    ASSERT_EQ(committed->status.code, StatusCode::kOk) << committed->status.message;
+  }
+
+  static SliceRequest Quorum(int k) {
+    SliceRequest r;
+    r.tree = "t";
+    r.level = ReadLevel::kQuorum;
+    r.child_from = static_cast<uint32_t>(k) % kChildren;
+    r.child_limit = 1;
+    r.timeout_ms = 2000;
+    return r;
+  }
+
+  // Collects SliceAsync answers by read number.
+  struct Answers {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<int, int> times;
+    std::map<int, std::optional<SliceReply>> replies;
+    std::function<void(std::optional<SliceReply>)> For(int id) {
+      return [this, id](std::optional<SliceReply> r) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++times[id];
+        replies[id] = std::move(r);
+        cv.notify_all();
+      };
+    }
+    bool WaitFor(size_t n) {
+      std::unique_lock<std::mutex> lock(mu);
+      return cv.wait_for(lock, std::chrono::seconds(10), [&] { return times.size() >= n; });
+    }
+  };
+
+  testing::TempDir dir_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+TEST_F(SliceAsyncTest, QuorumReadsStartedWithoutBlockingAnswerAsSliceDoes) {
+  Node& node = *nodes_[0];
+  Answers answers;
+  // No link yet: it does not start (and `done` is never called).
+  EXPECT_FALSE(node.SliceAsync(Quorum(0), answers.For(-1)));
+  // Other levels are not started this way.
+  SliceRequest one = Quorum(0);
+  one.level = ReadLevel::kOne;
+  EXPECT_FALSE(node.SliceAsync(one, answers.For(-2)));
+  // A blocking QUORUM read opens the links.
+  SliceReply blocking = node.Slice(Quorum(0));
+  ASSERT_EQ(blocking.status.code, StatusCode::kOk) << blocking.status.message;
+  constexpr int kReads = 300;
+  for (int k = 0; k < kReads; ++k) {
+    ASSERT_TRUE(node.SliceAsync(Quorum(k), answers.For(k))) << "read " << k;
+    if (k % 50 == 49) node.FlushSlices();
+  }
+  node.FlushSlices();
+  ASSERT_TRUE(answers.WaitFor(kReads)) << answers.times.size() << " of " << kReads << " answered";
+  std::lock_guard<std::mutex> lock(answers.mu);
+  EXPECT_EQ(answers.times.count(-1) + answers.times.count(-2), 0u) << "a read that did not start was answered";
+  for (int k = 0; k < kReads; ++k) {
+    EXPECT_EQ(answers.times[k], 1) << "read " << k;
+    const auto& r = answers.replies[k];
+    ASSERT_TRUE(r.has_value()) << "read " << k << " was left to the blocking path";
+    ASSERT_EQ(r->status.code, StatusCode::kOk) << r->status.message;
+    EXPECT_EQ(r->version, blocking.version);
+    EXPECT_EQ(r->child_count, kChildren);
+    EXPECT_EQ(r->child_start, static_cast<uint32_t>(k) % kChildren);
+    ASSERT_EQ(r->children.size(), 1u);
+    EXPECT_EQ(r->children[0].attributes.at("n"), std::to_string(k % kChildren));
+  }
+}
+
+TEST_F(SliceAsyncTest, ReadsOutWhenAnOwnerStopsEndOnce) {
+  Node& node = *nodes_[0];
+  ASSERT_EQ(node.Slice(Quorum(0)).status.code, StatusCode::kOk);
+  Answers answers;
+  int started = 0;
+  for (int k = 0; k < 200; ++k) {
+    // Stop both other owners midway: a quorum of 3 needs one of them.
+    if (k == 100) {
+      nodes_[1]->Stop();
+      nodes_[2]->Stop();
+    }
+    if (node.SliceAsync(Quorum(k), answers.For(k))) ++started;
+    node.FlushSlices();
+  }
+  ASSERT_GE(started, 100);
+  ASSERT_TRUE(answers.WaitFor(static_cast<size_t>(started)))
+      << answers.times.size() << " of " << started << " started reads ended";
+  std::lock_guard<std::mutex> lock(answers.mu);
+  EXPECT_EQ(answers.times.size(), static_cast<size_t>(started));
+  for (const auto& [k, times] : answers.times) EXPECT_EQ(times, 1) << "read " << k;
+  // What settled is right; a read that could not settle is left to Slice.
+  for (const auto& [k, r] : answers.replies) {
+    if (r && r->status.code == StatusCode::kOk) EXPECT_EQ(r->child_start, static_cast<uint32_t>(k) % kChildren);
+  }
+  // With both peers gone, Slice itself cannot reach a quorum.
+  EXPECT_EQ(node.Slice(Quorum(0)).status.code, StatusCode::kUnavailable);
+}
+
 }  // namespace
-}  // namespace canopy::board
+}  // namespace canopy::replication

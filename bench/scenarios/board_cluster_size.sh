@@ -8,9 +8,9 @@
 # cl=QUORUM, posts at cl=ONE and cl=QUORUM. The board's three owners are
 # wherever the ring puts them, so with more nodes node 1 is usually not an
 # owner and its board forwards to the owners (one SLICE or COMMIT round
-# trip; listings at ONE are pipelined from the HTTP thread, see
-# tools/canopy/slice_forwarder.h). Goal (issue 18): node 1's rate at the largest size
-# >= 0.8x its rate at 3. Env: BOARD_SIZES (default by mode: "3", "3 10",
+# trip; listings at ONE and QUORUM are pipelined from the HTTP thread,
+# see replication/slice_forwarder.h). Goal (issue 18): node 1's rate at the
+# largest size >= 0.8x its rate at 3. Env: BOARD_SIZES (default by mode: "3", "3 10",
 # "3 10 20"), BOARD_SECONDS. Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
@@ -145,7 +145,7 @@ jq -n --argjson comparisons "$comparisons" --argjson series "$series" --argjson 
     path: "http://127.0.0.1 to node 1 (canopy node --http); nodes on tcp://127.0.0.1; data on tmpfs, fsync none; RF 3",
     params: { connections: $conns, seconds_per_load: $seconds, reps: $reps, sizes: $sizes, rf: 3,
               membership: "SWIM-style: one probe per node per round, gossip piggybacked",
-              forwarding: "listings at ONE: pipelined SLICEs from the HTTP thread; QUORUM reads and posts: worker threads" },
+              forwarding: "listings at ONE and QUORUM: pipelined SLICEs started from the HTTP thread; posts: worker threads" },
     sweeps: [ { name: "node 1 rate by cluster size", x_label: "nodes", y_label: "requests/s", series: $series } ],
     comparisons: $comparisons,
     details: { idle: $idle } }' > "$BENCH_OUT"

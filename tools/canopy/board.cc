@@ -223,12 +223,12 @@ BoardService::BoardService(BoardOptions options)
       listings_forwarded_(metrics::GetCounter(kListings, kListingsHelp, {{"answered", "forwarded"}})),
       listings_by_worker_(metrics::GetCounter(kListings, kListingsHelp, {{"answered", "worker"}})) {
   if (options_.workers > 0 && options_.forward_links_per_peer > 0) {
-    SliceForwarderOptions f;
+    replication::SliceForwarderOptions f;
     f.client = options_.client;
     f.links_per_peer = options_.forward_links_per_peer;
     f.max_in_flight = options_.forward_max_in_flight;
     f.reply_timeout = std::chrono::milliseconds(options_.read_timeout_ms) + options_.client.timeout;
-    forwarder_ = std::make_unique<SliceForwarder>(std::move(f));
+    forwarder_ = std::make_unique<replication::SliceForwarder>(std::move(f));
   }
   for (size_t i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
@@ -271,6 +271,7 @@ std::optional<http::Response> BoardService::HandleAsync(const http::Request& req
 
 void BoardService::AfterEvents() {
   if (forwarder_) forwarder_->Flush();
+  if (options_.local_flush) options_.local_flush();
 }
 
 void BoardService::Enqueue(http::Request request, http::Responder responder) {
@@ -651,7 +652,7 @@ std::variant<BoardService::Listing, http::Response> BoardService::ParseListing(c
 
 // A forwarded listing waiting for its SLICE reply (see board.h): answers an
 // OK reply itself and gives anything else to the workers.
-class BoardService::ForwardedListing : public SliceForwarder::Waiter {
+class BoardService::ForwardedListing : public replication::SliceForwarder::Waiter {
  public:
   ForwardedListing(BoardService* service, std::string board, Listing listing, const http::Request& request,
                    http::Responder responder)
@@ -680,9 +681,21 @@ class BoardService::ForwardedListing : public SliceForwarder::Waiter {
 
 bool BoardService::TryForwardListing(const std::string& board, const Listing& listing, const http::Request& request,
                                      http::Responder* responder) {
-  if (!forwarder_ || responder == nullptr || listing.slice.level != ReadLevel::kOne || listing.slice.version != 0) {
+  if (responder == nullptr || workers_.empty()) return false;
+  if (listing.slice.level == ReadLevel::kQuorum && options_.local_slice_async) {
+    auto pending = std::make_shared<ForwardedListing>(this, board, listing, request, std::move(*responder));
+    bool started = options_.local_slice_async(listing.slice, [pending](std::optional<SliceReply> reply) {
+      if (reply) {
+        pending->Done(std::move(*reply));
+      } else {
+        pending->Done(Status::Unavailable("left to a worker"));
+      }
+    });
+    if (started) return true;
+    *responder = pending->TakeResponder();
     return false;
   }
+  if (!forwarder_ || listing.slice.level != ReadLevel::kOne || listing.slice.version != 0) return false;
   auto view = CurrentView(/*may_block=*/false);
   if (!view->valid || Clock::now() - view->fetched >= options_.view_refresh || view->IsOwner(listing.slice.tree)) {
     return false;
@@ -691,7 +704,7 @@ bool BoardService::TryForwardListing(const std::string& board, const Listing& li
   if (uri == options_.node_uri) return false;
   auto waiter = std::make_unique<ForwardedListing>(this, board, listing, request, std::move(*responder));
   ForwardedListing* forwarded = waiter.get();
-  std::unique_ptr<SliceForwarder::Waiter> base = std::move(waiter);
+  std::unique_ptr<replication::SliceForwarder::Waiter> base = std::move(waiter);
   if (forwarder_->TrySend(uri, listing.slice, base)) return true;
   *responder = forwarded->TakeResponder();  // not sent: `base` still owns it
   return false;

@@ -51,9 +51,12 @@
 // it: 503 at once). So a write waiting for its consistency level holds one
 // worker, never the other clients. workers = 0 serves everything on the
 // event thread (the old behaviour).
-// A listing at ONE of a board this node does not own (the newest version)
-// is forwarded from the event thread, without a worker, through a
-// SliceForwarder (tools/canopy/slice_forwarder.h): many SLICEs in flight on
+// A listing at QUORUM starts on the event thread too, through
+// local_slice_async: the node sends the owners' SLICEs on pipelined links
+// and the last answer renders the listing. A listing at ONE of a board this
+// node does not own (the newest version) is forwarded from the event
+// thread, without a worker, through a
+// SliceForwarder (replication/slice_forwarder.h): many SLICEs in flight on
 // a few connections per owner, each answered by the forwarder's reader
 // thread as its reply comes. Whatever that path cannot settle — no
 // connection yet (a worker then dials one for the next reads), too many
@@ -87,7 +90,7 @@
 #include "base/metrics.h"
 #include "replication/client.h"
 #include "replication/ring.h"
-#include "tools/canopy/slice_forwarder.h"
+#include "replication/slice_forwarder.h"
 #include "tools/http/server.h"
 
 namespace canopy::board {
@@ -98,6 +101,12 @@ struct BoardOptions {
   // In-process SLICE of the local node (replication::Node::Slice), used in
   // place of an RPC to node_uri; empty: every read is an RPC.
   std::function<replication::SliceReply(const replication::SliceRequest&)> local_slice;
+  // In-process QUORUM read of the local node that does not block
+  // (replication::Node::SliceAsync), and the flush that sends what it
+  // queued (Node::FlushSlices); empty: every QUORUM read takes a worker.
+  std::function<bool(const replication::SliceRequest&, std::function<void(std::optional<replication::SliceReply>)>)>
+      local_slice_async;
+  std::function<void()> local_flush;
   uint32_t default_write_timeout_ms = 2000;
   uint32_t max_write_timeout_ms = 10000;
   uint32_t read_timeout_ms = 2000;     // LEADER / QUORUM reads: how long peers may take
@@ -166,8 +175,9 @@ class BoardService : public http::Handler {
   http::Response RenderListing(const std::string& board, const Listing& listing,
                                const replication::SliceReply& reply) const;
   // Forwards a listing at ONE to the owner that ReadUri picks, when this
-  // node does not own the board and a forwarder link is open; true when
-  // sent (`*responder` taken).
+  // node does not own the board and a forwarder link is open, or starts a
+  // QUORUM listing through local_slice_async; true when sent (`*responder`
+  // taken).
   bool TryForwardListing(const std::string& board, const Listing& listing, const http::Request& request,
                          http::Responder* responder);
   // Queues `request` for a worker (or answers 503: too many queued, or stopping).
@@ -202,7 +212,7 @@ class BoardService : public http::Handler {
   std::deque<Job> jobs_;
   bool stopping_ = false;  // (jobs_mu_)
   std::vector<std::thread> workers_;
-  std::unique_ptr<SliceForwarder> forwarder_;  // null when workers or forward_links_per_peer is 0
+  std::unique_ptr<replication::SliceForwarder> forwarder_;  // null when workers or forward_links_per_peer is 0
   // canopy_board_listings_total by how the listing was answered.
   prometheus::Counter& listings_here_;
   prometheus::Counter& listings_forwarded_;

@@ -242,8 +242,10 @@ int RunNode(int argc, char** argv) {
        "printed and written to --http-port-file); see tools/canopy/board.h")
       ("http-port-file", po::value(&http_port_file), "write the HTTP port to this file once listening")
       ("http-workers", po::value(&http_workers)->default_value(http_workers),
-       "board threads for requests that may block (posts, LEADER/QUORUM reads, reads of other nodes); reads at "
-       "ONE of this node's own trees are answered on the HTTP event thread. 0: everything on that thread")
+       "board threads for requests that may block (posts, LEADER reads, and reads the HTTP event thread cannot "
+       "settle). Listings at ONE are answered on the event thread from this node's store or pipelined to an "
+       "owner, and QUORUM listings gathered over pipelined links from it, without a worker. 0: everything on "
+       "the event thread, blocking")
       ("http-rpc-reads", po::bool_switch(&http_rpc_reads),
        "the board reads its own node over the loopback RPC too, instead of in-process (for comparison)")
       ("metrics", po::value(&metrics_address),
@@ -388,6 +390,11 @@ int RunNode(int argc, char** argv) {
     if (!http_rpc_reads) {
       replication::Node* local = node->get();
       bo.local_slice = [local](const replication::SliceRequest& r) { return local->Slice(r); };
+      bo.local_slice_async = [local](const replication::SliceRequest& r,
+                                     std::function<void(std::optional<replication::SliceReply>)> done) {
+        return local->SliceAsync(r, std::move(done));
+      };
+      bo.local_flush = [local] { local->FlushSlices(); };
     }
     board_service = std::make_unique<board::BoardService>(bo);
     http_options.limits.max_body_bytes = board_service->max_body_bytes();

@@ -1,4 +1,4 @@
-#include "tools/canopy/slice_forwarder.h"
+#include "replication/slice_forwarder.h"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include "transport/registry.h"
 #include "transport/transport.h"
 
-namespace canopy::board {
+namespace canopy::replication {
 
 using replication::MessageType;
 using replication::SliceReply;
@@ -165,7 +165,9 @@ class SliceForwarder::Link {
 SliceForwarder::SliceForwarder(SliceForwarderOptions options)
     : options_(std::move(options)), readers_(std::make_shared<ReaderCount>()) {}
 
-SliceForwarder::~SliceForwarder() {
+SliceForwarder::~SliceForwarder() { Shutdown(); }
+
+void SliceForwarder::Shutdown() {
   std::map<std::string, Peer> peers;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -267,4 +269,4 @@ size_t SliceForwarder::in_flight() const {
   return n;
 }
 
-}  // namespace canopy::board
+}  // namespace canopy::replication

@@ -1,5 +1,6 @@
 // SliceForwarder: pipelined, asynchronous SLICE reads to other nodes, for
-// the board's HTTP event thread (tools/canopy/board.h).
+// the board's HTTP event thread (tools/canopy/board.h) and a node's QUORUM
+// reads started from it (Node::SliceAsync).
 //
 // A board read at ONE that this node cannot answer from its own store goes
 // to an owner of the tree. Done the blocking way, every such read costs a
@@ -42,7 +43,7 @@
 #include "replication/client.h"
 #include "replication/protocol.h"
 
-namespace canopy::board {
+namespace canopy::replication {
 
 struct SliceForwarderOptions {
   replication::ClientOptions client;  // cluster, secret, client_id; timeout bounds a dial + handshake
@@ -62,8 +63,12 @@ class SliceForwarder {
   };
 
   explicit SliceForwarder(SliceForwarderOptions options);
-  // Closes every connection; reads in flight are Done with Aborted.
+  // Shutdown().
   ~SliceForwarder();
+  // Closes every connection (reads in flight are Done with Aborted) and
+  // waits for the reader threads; later TrySend and Connect refuse.
+  // Idempotent.
+  void Shutdown();
   SliceForwarder(const SliceForwarder&) = delete;
   SliceForwarder& operator=(const SliceForwarder&) = delete;
 
@@ -102,4 +107,4 @@ class SliceForwarder {
   const std::shared_ptr<ReaderCount> readers_;
 };
 
-}  // namespace canopy::board
+}  // namespace canopy::replication
