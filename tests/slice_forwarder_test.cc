@@ -37,6 +37,23 @@ constexpr char kCluster[] = "forwarder-test";
 constexpr char kSecret[] = "forwarder test secret, loopback only";
 constexpr uint32_t kChildren = 50;
 
+// Creates tree t and fills it in one commit at `level`: children
+// 0 .. kChildren-1, child k with attribute n = k.
+void FillTree(Client& client, ConsistencyLevel level) {
+  auto created = client.CreateTree("t");
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CommitRequest c;
+  c.tree = "t";
+  c.level = level;
+  for (uint32_t k = 0; k < kChildren; ++k) {
+    c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
+    c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {k}, "n", std::to_string(k), 0});
+  }
+  auto committed = client.Commit(c);
+  ASSERT_TRUE(committed.ok()) << committed.status().ToString();
+  ASSERT_EQ(committed->status.code, StatusCode::kOk) << committed->status.message;
+}
+
 // Collects the results of many waiters, by request number.
 class Results {
  public:
@@ -104,19 +121,7 @@ class SliceForwarderTest : public ::testing::Test {
     node_ = std::move(*node);
     auto client = replication::Client::Connect(node_->uri(), ClientOptions());
     ASSERT_TRUE(client.ok()) << client.status().ToString();
-    auto created = (*client)->CreateTree("t");
-    ASSERT_TRUE(created.ok()) << created.status().ToString();
-    // One commit: children 0 .. kChildren-1, child k with attribute n = k.
-    replication::CommitRequest c;
-    c.tree = "t";
-    c.level = replication::ConsistencyLevel::kOne;
-    for (uint32_t k = 0; k < kChildren; ++k) {
-      c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
-      c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {k}, "n", std::to_string(k), 0});
-    }
-    auto committed = (*client)->Commit(c);
-    ASSERT_TRUE(committed.ok()) << committed.status().ToString();
-    ASSERT_EQ(committed->status.code, StatusCode::kOk) << committed->status.message;
+    FillTree(**client, ConsistencyLevel::kOne);
   }
 
   static replication::ClientOptions ClientOptions() {
@@ -304,17 +309,7 @@ class SliceAsyncTest : public ::testing::Test {
       if (!joined) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ASSERT_TRUE(joined) << "the three nodes did not see each other alive within 15 s";
-    ASSERT_TRUE((*client)->CreateTree("t").ok());
-    CommitRequest c;
-    c.tree = "t";
-    c.level = ConsistencyLevel::kAll;
-    for (uint32_t k = 0; k < kChildren; ++k) {
-      c.edits.push_back(Edit{Edit::Kind::kAppendChild, {}, "", "", 0});
-      c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {k}, "n", std::to_string(k), 0});
-    }
-    auto committed = (*client)->Commit(c);
-    ASSERT_TRUE(committed.ok()) << committed.status().ToString();
-    ASSERT_EQ(committed->status.code, StatusCode::kOk) << committed->status.message;
+    FillTree(**client, ConsistencyLevel::kAll);
   }
 
   static SliceRequest Quorum(int k) {
