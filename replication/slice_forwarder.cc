@@ -59,8 +59,9 @@ class SliceForwarder::Link {
     return flights_.size();
   }
 
-  // Queues one encoded SLICE for the next Flush; takes `waiter` on success.
-  bool Queue(std::string payload, std::unique_ptr<Waiter>& waiter) {
+  // Queues one encoded SLICE for the next Flush; takes `payload` and
+  // `waiter` on success only (a refusal leaves both for the next link).
+  bool Queue(std::string& payload, std::unique_ptr<Waiter>& waiter) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok() || flights_.size() >= max_in_flight_) return false;
     // flights_ and queued_ grow together, under mu_, so that flights_ is in
@@ -196,7 +197,7 @@ bool SliceForwarder::TrySend(const std::string& uri, const SliceRequest& request
   }
   std::string payload = replication::Encode(request);
   for (auto& link : candidates) {
-    if (link->Queue(std::move(payload), waiter)) return true;
+    if (link->Queue(payload, waiter)) return true;
   }
   return false;
 }
