@@ -21,17 +21,24 @@ namespace canopy::replication {
 // those in order) — and, once it has its own, passes the receiving role to
 // another waiter. A lone caller thus gets its reply without a thread switch.
 // Thread safety: Commit and Call from any threads; broken() any time.
+Result<std::unique_ptr<transport::Connection>> DialAsClient(const std::string& uri, const ClientOptions& options,
+                                                            const std::string& name,
+                                                            std::chrono::milliseconds timeout) {
+  transport::TransportOptions topts;
+  topts.connect_timeout = timeout;
+  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(uri, topts));
+  HandshakeConfig hs{options.cluster, name, options.secret, PeerRole::kClient, ""};
+  auto id = DialerHandshake(*conn, hs, Deadline::After(timeout));
+  if (!id.ok()) return id.status().WithContext(uri);
+  return conn;
+}
+
 class Client::Channel {
  public:
   // Dials and authenticates within `timeout`.
   static Result<std::shared_ptr<Channel>> Open(const std::string& uri, const ClientOptions& options,
                                                const std::string& name, std::chrono::milliseconds timeout) {
-    transport::TransportOptions topts;
-    topts.connect_timeout = timeout;
-    CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(uri, topts));
-    HandshakeConfig hs{options.cluster, name, options.secret, PeerRole::kClient, ""};
-    auto id = DialerHandshake(*conn, hs, Deadline::After(timeout));
-    if (!id.ok()) return id.status().WithContext(uri);
+    CANOPY_ASSIGN_OR_RETURN(auto conn, DialAsClient(uri, options, name, timeout));
     return std::shared_ptr<Channel>(new Channel(uri, std::move(conn)));
   }
 

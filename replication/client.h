@@ -73,6 +73,13 @@ struct ClientOptions {
   bool retry = true;
 };
 
+// Dials `uri` and authenticates as a client named `name` (role kClient,
+// options.cluster / options.secret), both within `timeout`: the connection
+// every Client channel, and SliceForwarder's links, start from.
+Result<std::unique_ptr<transport::Connection>> DialAsClient(const std::string& uri, const ClientOptions& options,
+                                                            const std::string& name,
+                                                            std::chrono::milliseconds timeout);
+
 class Client {
  public:
   static Result<std::unique_ptr<Client>> Connect(const std::string& uri, const ClientOptions& options);

@@ -367,7 +367,6 @@ struct QuorumGather {
   std::mutex mu;
   Node::Impl::QuorumMerge merge;  // (mu)
   size_t remaining = 0;           // answers still to come (mu)
-  bool failed = false;            // an answer was a failure (mu)
   bool abandoned = false;         // the read was not started after all (mu)
   SliceRequest request;
   uint32_t need = 0;
@@ -380,18 +379,16 @@ struct QuorumGather {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (abandoned) return;
-      if (!reply.ok()) {
-        failed = true;
-      } else {
-        StatusCode code = reply->status.code;
-        if (code != StatusCode::kOk && code != StatusCode::kNotFound) failed = true;
+      if (reply.ok()) {
         merge.Add(id, std::move(*reply));
+      } else {
+        merge.Fail(id, reply.status());
       }
       if (--remaining > 0) return;
       // A failure or a disagreement: the blocking path (SliceAtQuorum)
       // tries the other owners, or asks the leader.
       std::string why;
-      if (!failed) settled = merge.Settle(request, need, self, &why);
+      if (merge.failures.empty()) settled = merge.Settle(request, need, self, &why);
     }
     done(std::move(settled));
   }

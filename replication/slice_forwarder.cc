@@ -9,14 +9,9 @@
 
 #include "base/logging.h"
 #include "replication/handshake.h"
-#include "transport/registry.h"
 #include "transport/transport.h"
 
 namespace canopy::replication {
-
-using replication::MessageType;
-using replication::SliceReply;
-using replication::SliceRequest;
 
 // Counts the reader threads still running, so that the forwarder's
 // destructor can wait for them (they are detached: a failed link is dropped
@@ -89,14 +84,16 @@ class SliceForwarder::Link {
   // and fails every read in flight with `why`.
   void Fail(const Status& why) {
     std::deque<Flight> failed;
+    Status status;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (broken_.ok()) broken_ = why;
+      status = broken_;
       failed.swap(flights_);
       queued_.clear();
     }
     conn_->Close();
-    for (auto& f : failed) f.waiter->Done(broken_status());
+    for (auto& f : failed) f.waiter->Done(status);
   }
 
  private:
@@ -104,11 +101,6 @@ class SliceForwarder::Link {
     std::unique_ptr<Waiter> waiter;
     Clock::time_point sent;
   };
-
-  Status broken_status() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_;
-  }
 
   void ReadLoop() {
     for (;;) {
@@ -128,10 +120,10 @@ class SliceForwarder::Link {
         break;
       }
       if (m->type != static_cast<uint16_t>(MessageType::kSliceReply)) {
-        Fail(replication::UnexpectedMessage(*m, "SLICE_REPLY").WithContext(uri_));
+        Fail(UnexpectedMessage(*m, "SLICE_REPLY").WithContext(uri_));
         break;
       }
-      auto reply = replication::DecodeSliceReply(m->payload);
+      auto reply = DecodeSliceReply(m->payload);
       if (!reply.ok()) {
         Fail(reply.status().WithContext(uri_));
         break;
@@ -176,7 +168,7 @@ void SliceForwarder::Shutdown() {
     peers.swap(peers_);
   }
   for (auto& [uri, peer] : peers) {
-    for (auto& link : peer.links) link->Fail(Status::Aborted("the board is shutting down"));
+    for (auto& link : peer.links) link->Fail(Status::Aborted("the SLICE forwarder was shut down"));
   }
   peers.clear();
   std::unique_lock<std::mutex> lock(readers_->mu);
@@ -195,7 +187,7 @@ bool SliceForwarder::TrySend(const std::string& uri, const SliceRequest& request
     const size_t first = p.next++ % n;
     for (size_t k = 0; k < n; ++k) candidates.push_back(p.links[(first + k) % n]);
   }
-  std::string payload = replication::Encode(request);
+  std::string payload = Encode(request);
   for (auto& link : candidates) {
     if (link->Queue(payload, waiter)) return true;
   }
@@ -213,7 +205,7 @@ void SliceForwarder::Flush() {
 
 Status SliceForwarder::Connect(const std::string& uri) {
   auto wanted = [&]() -> Result<size_t> {  // links still to open; mu_ held
-    if (closed_) return Status::Aborted("the board is shutting down");
+    if (closed_) return Status::Aborted("the SLICE forwarder was shut down");
     Peer& p = peers_[uri];
     std::erase_if(p.links, [](const std::shared_ptr<Link>& l) { return l->broken(); });
     if (p.links.size() >= options_.links_per_peer) return size_t{0};
@@ -238,22 +230,15 @@ Status SliceForwarder::Connect(const std::string& uri) {
     CANOPY_ASSIGN_OR_RETURN(missing, wanted());
   }
   for (; missing > 0; --missing) {
-    transport::TransportOptions topts;
-    topts.connect_timeout = options_.client.timeout;
-    auto conn = transport::Dial(uri, topts);
-    Status s = conn.status();
-    if (s.ok()) {
-      replication::HandshakeConfig hs{options_.client.cluster,
-                                      options_.client.client_id.empty() ? "board-forwarder" : options_.client.client_id,
-                                      options_.client.secret, replication::PeerRole::kClient, ""};
-      s = replication::DialerHandshake(**conn, hs, Deadline::After(options_.client.timeout)).status();
-    }
+    auto conn = DialAsClient(uri, options_.client,
+                             options_.client.client_id.empty() ? "slice-forwarder" : options_.client.client_id,
+                             options_.client.timeout);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!s.ok()) {
+    if (!conn.ok()) {
       peers_[uri].last_failed_dial = Clock::now();
-      return s.WithContext(uri);
+      return conn.status();
     }
-    if (closed_) return Status::Aborted("the board is shutting down");
+    if (closed_) return Status::Aborted("the SLICE forwarder was shut down");
     auto link = std::make_shared<Link>(uri, std::move(*conn), options_.reply_timeout, options_.max_in_flight);
     Link::Start(link, readers_);
     peers_[uri].links.push_back(std::move(link));

@@ -46,7 +46,7 @@
 namespace canopy::replication {
 
 struct SliceForwarderOptions {
-  replication::ClientOptions client;  // cluster, secret, client_id; timeout bounds a dial + handshake
+  ClientOptions client;  // cluster, secret, client_id ("slice-forwarder" if empty); timeout bounds a dial + handshake
   size_t links_per_peer = 2;          // connections per URI, used in turn
   size_t max_in_flight = 512;         // per connection; beyond it TrySend refuses
   std::chrono::milliseconds reply_timeout{5000};
@@ -59,7 +59,7 @@ class SliceForwarder {
    public:
     virtual ~Waiter() = default;
     // The node's reply (its own status inside), or why there is none.
-    virtual void Done(Result<replication::SliceReply> reply) = 0;
+    virtual void Done(Result<SliceReply> reply) = 0;
   };
 
   explicit SliceForwarder(SliceForwarderOptions options);
@@ -77,7 +77,7 @@ class SliceForwarder {
   // counts from now, so Flush soon). Returns false and leaves `waiter` with
   // the caller when there is no open connection to `uri` or every
   // connection has max_in_flight reads out. Never blocks on the network.
-  bool TrySend(const std::string& uri, const replication::SliceRequest& request, std::unique_ptr<Waiter>& waiter);
+  bool TrySend(const std::string& uri, const SliceRequest& request, std::unique_ptr<Waiter>& waiter);
   // Sends every queued SLICE (one batch per connection). A send that fails
   // fails its link (its waiters are Done with the error).
   void Flush();

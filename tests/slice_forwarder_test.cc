@@ -402,7 +402,9 @@ TEST_F(SliceAsyncTest, ReadsOutWhenAnOwnerStopsEndOnce) {
   for (const auto& [k, times] : answers.times) EXPECT_EQ(times, 1) << "read " << k;
   // What settled is right; a read that could not settle is left to Slice.
   for (const auto& [k, r] : answers.replies) {
-    if (r && r->status.code == StatusCode::kOk) EXPECT_EQ(r->child_start, static_cast<uint32_t>(k) % kChildren);
+    if (r && r->status.code == StatusCode::kOk) {
+      EXPECT_EQ(r->child_start, static_cast<uint32_t>(k) % kChildren);
+    }
   }
   // With both peers gone, Slice itself cannot reach a quorum.
   EXPECT_EQ(node.Slice(Quorum(0)).status.code, StatusCode::kUnavailable);

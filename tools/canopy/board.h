@@ -45,10 +45,11 @@
 //
 // Serving many clients: http::Server runs one event thread; HandleAsync
 // answers there only what cannot block — a GET at ONE that this node's own
-// store answers through BoardOptions::local_slice (no network) — and hands
-// everything else (posts, board creation, LEADER / QUORUM reads) to
-// `workers` threads through a queue of at most max_queued requests (beyond
-// it: 503 at once). So a write waiting for its consistency level holds one
+// store answers through BoardOptions::local_slice (no network) — starts the
+// listings it can without blocking (below), and hands everything else
+// (posts, board creation, LEADER reads, what those listings cannot settle)
+// to `workers` threads through a queue of at most max_queued requests
+// (beyond it: 503 at once). So a write waiting for its consistency level holds one
 // worker, never the other clients. workers = 0 serves everything on the
 // event thread (the old behaviour).
 // A listing at QUORUM starts on the event thread too, through
@@ -138,7 +139,8 @@ class BoardService : public http::Handler {
 
   // Answers on the calling thread, blocking as long as the request needs.
   http::Response Handle(const http::Request& request) override;
-  // Answers now when that cannot block, else queues for a worker.
+  // Answers now when that cannot block, starts a listing that can go out
+  // without blocking (forwarded: answered later), else queues for a worker.
   std::optional<http::Response> HandleAsync(const http::Request& request, http::Responder& responder) override;
   // Sends the listings forwarded in this round of events.
   void AfterEvents() override;
