@@ -18,6 +18,9 @@
 # bytes; the ratio says how close the join gets. The streaming time is also
 # set beside rcopy of as many bytes (one file, tmpfs -> tmpfs, over the same
 # tcp://127.0.0.1), the ceiling of the transport itself: goal >= 0.9x.
+# A third comparison sets the joiner's CPU per GB received beside the rcopy
+# server's: the code's cost per byte, apart from the wall clock of a busy
+# 2-core machine (which also runs the three sources).
 # Each tree reaches the joiner as its leader's checkpoint file sent whole
 # (SNAPSHOT_FILE: sendfile, spliced into the joiner's file; see
 # replication/README.md). The sources' stores checkpoint by themselves as
@@ -127,6 +130,15 @@ bench_log "loaded in $load_s s"
 # log_ts LINE -> epoch seconds of a canopy log line (2024-01-02T03:04:05.678Z ...).
 log_ts() { date -d "${1%% *}" +%s.%N; }
 
+# proc_cpu_seconds PID -> user + system CPU seconds the process has used so
+# far (/proc/PID/stat fields 14 and 15, in clock ticks).
+clk_tck=$(getconf CLK_TCK)
+proc_cpu_seconds() {
+  awk -v hz="$clk_tck" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / hz }' "/proc/$1/stat"
+}
+# cpu_per_gb SECONDS BYTES -> CPU seconds per decimal GB.
+cpu_per_gb() { awk -v s="$1" -v b="$2" 'BEGIN { printf "%.4f\n", s / (b / 1e9) }'; }
+
 runs=$work/runs.jsonl
 : > "$runs"
 
@@ -139,6 +151,7 @@ SYNC_SECONDS=0
 join_sample() {
   local rep=$1 joiner=${2:-$work/joiner} label=${3:-join}
   local i t0 deadline last_check=0 s1 s4 begun done_ last end secs bytes stream_s jlog=$work/joiner.log t_sync
+  local installed="" cpu_s=0
   rm -rf "$work/src" "$joiner"
   mkdir -p "$work/src"
   for i in 1 2 3; do cp -a "$work/pristine/n$i" "$work/src/n$i"; done
@@ -155,7 +168,8 @@ join_sample() {
   "$canopy" node --listen "${uris[4]}" --data "$joiner" --node-id 4 --raft "${rafts[4]}" \
     --failure-ms "$failure_ms" "${common[@]}" --seed "${uris[1]}" --seed "${uris[2]}" --seed "${uris[3]}" \
     --log info > "$jlog" 2>&1 &
-  pids+=($!)
+  local jpid=$!
+  pids+=("$jpid")
   # STATUS is not cheap (each node hashes its trees for the digest): ask only
   # once the joiner's log shows every snapshot it began installed, and at
   # most every 0.5 s.
@@ -166,6 +180,13 @@ join_sample() {
     sleep 0.05
     begun=$(grep -o 'receiving snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
     done_=$(grep -o 'installed snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
+    # The joiner's CPU (user + system) from its start, read within one poll
+    # of each new install line: the join's cost in CPU, which the wall clock
+    # of a busy 2-core machine blurs (and before STATUS makes it hash its trees).
+    if [[ $done_ != "$installed" ]]; then
+      installed=$done_
+      cpu_s=$(proc_cpu_seconds "$jpid")
+    fi
     [[ -n $begun && $begun == "$done_" ]] || continue
     (($(date +%s%N) / 1000000 - last_check >= 500)) || continue
     last_check=$(($(date +%s%N) / 1000000))
@@ -193,11 +214,12 @@ join_sample() {
   bytes=$(du -sb "$joiner" | cut -f1)
   JOIN_BYTES=$bytes
   jq -cn --arg l "$label" --argjson r "$rep" --argjson s "$secs" --argjson st "$stream_s" --argjson b "$bytes" \
-    --argjson sy "$SYNC_SECONDS" --arg dir "$joiner" \
+    --argjson sy "$SYNC_SECONDS" --arg dir "$joiner" --argjson cpu "$cpu_s" \
     --argjson n "$(jq -n --argjson s1 "$s1" '[$s1.trees[] | select(.owners | map(tostring) | index("4"))] | length')" \
-    '{label: $l, rep: $r, seconds: $s, streaming_seconds: $st, sync_seconds: $sy, bytes: $b, trees_to_joiner: $n, dir: $dir}' >> "$runs"
+    '{label: $l, rep: $r, seconds: $s, streaming_seconds: $st, sync_seconds: $sy, bytes: $b, trees_to_joiner: $n,
+      joiner_cpu_seconds: $cpu, dir: $dir}' >> "$runs"
   rm -rf "$joiner" "$work/src"
-  echo "$(bench_gbps "$bytes" "$secs") $(bench_gbps "$bytes" "$stream_s")"
+  echo "$(bench_gbps "$bytes" "$secs") $(bench_gbps "$bytes" "$stream_s") $(cpu_per_gb "$cpu_s" "$bytes")"
 }
 
 # dd_sample REP MIB -> Gbit/s by dd's own report.
@@ -232,13 +254,18 @@ rcopy_sample() {
     rcopy_mib=$mib
   fi
   bytes=$((rcopy_mib * 1024 * 1024))
+  local cpu0 cpu1
+  cpu0=$(proc_cpu_seconds "$rcopy_pid")
   t0=$(bench_now)
   out=$("$rcopy" --json -p "$rcopy_port" "$work/rcopy.bin" "127.0.0.1:copy" 2> "$work/rcopy-client.err") ||
     { bench_log "rcopy failed: $out $(cat "$work/rcopy-client.err")"; return 1; }
   t1=$(bench_now)
+  cpu1=$(proc_cpu_seconds "$rcopy_pid")
   secs=$(bench_elapsed "$t0" "$t1")
+  RCOPY_CPU_PER_GB=$(cpu_per_gb "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { print b - a }')" "$bytes")
   jq -c --arg l rcopy --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" \
-    '{label: $l, rep: $r, seconds: $s, bytes: $b, rcopy: .}' <<<"$out" >> "$runs"
+    --argjson cpu "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.3f", b - a }')" \
+    '{label: $l, rep: $r, seconds: $s, bytes: $b, server_cpu_seconds: $cpu, rcopy: .}' <<<"$out" >> "$runs"
   rm -f "$work/rcopy-dst/copy"
   bench_gbps "$bytes" "$secs"
 }
@@ -277,17 +304,18 @@ cleanup() {
   rm -rf "$work"
 }
 
-a=() s=() b=() rc=()
+a=() s=() b=() rc=() jcpu=() rcpu=()
 da=() dsync=() db=() ta=() tsync=() tb=()
 for ((rep = 1; rep <= reps; rep++)); do
   # Assigned first (not in $(...)) so that JOIN_BYTES survives.
   join_sample "$rep" > "$work/sample"
-  read -r ja js < "$work/sample"
-  a+=("$ja") s+=("$js")
+  read -r ja js jc < "$work/sample"
+  a+=("$ja") s+=("$js") jcpu+=("$jc")
   dd_mib=$(((JOIN_BYTES + 1048575) / 1048576))
   b+=("$(dd_sample "$rep" "$dd_mib")")
   rcopy_sample "$rep" "$dd_mib" > "$work/sample"
   rc+=("$(cat "$work/sample")")
+  rcpu+=("$RCOPY_CPU_PER_GB")
   bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB), rcopy ${rc[-1]} Gbit/s"
   [[ -n $disk_dir ]] || continue
   for variant in untuned tuned; do
@@ -319,6 +347,8 @@ $(bench_comparison "snapshot streaming alone vs dd conv=fsync (~$join_mib MiB to
 $(bench_comparison "snapshot streaming alone vs rcopy of as many bytes (tcp://127.0.0.1, tmpfs)" Gbit/s true \
   "join streaming" "$(bench_samples "${s[@]}")" "rcopy (one file)" "$(bench_samples "${rc[@]}")" \
   0.9 "snapshot streaming >= 0.9x rcopy of the same bytes over the same transport")
+$(bench_comparison "CPU per GB received: the joiner (start to last install) vs the rcopy server (tmpfs)" "CPU s/GB" false \
+  "joiner" "$(bench_samples "${jcpu[@]}")" "rcopy server" "$(bench_samples "${rcpu[@]}")")
 $(if [[ -n $disk_dir ]]; then
   bench_comparison "node join vs dd conv=fsync, joiner on disk ($disk_fs), as the machine is" Gbit/s true \
     "join (4th node), disk" "$(bench_samples "${da[@]}")" "dd bs=1M conv=fsync, disk" "$(bench_samples "${db[@]}")" \
@@ -359,6 +389,7 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
              rcopy: "rcopy --server on 127.0.0.1 (tmpfs root); one file of random bytes, sized at the first join, copied once per rep",
              disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning,
              join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
+             cpu: "joiner: user + system CPU seconds from its start, read from /proc within one 50 ms poll of its last install line, per decimal GB of its data dir; rcopy server: its CPU seconds over one copy, per GB copied",
              metric: "decimal Gbit/s: joiner data dir bytes (du -sb) * 8 / (joiner start .. its last installed snapshot log line, ms resolution) / 1e9; streaming: the same bytes over first receiving .. last installed snapshot line; dd: its bytes / its own seconds"},
     comparisons: $comparisons,
     details: {dd_version: $ddv, runs: $runs}}' > "$BENCH_OUT"
