@@ -206,7 +206,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
     }
     switch (static_cast<MessageType>(m->type)) {
       case MessageType::kDelta: {
-        CANOPY_ASSIGN_OR_RETURN(Delta d, DecodeDelta(m->payload));
+        CANOPY_ASSIGN_OR_RETURN(DeltaView d, DecodeDeltaView(m->payload));  // views into m's payload
         if (d.tree != tree_name) return Status::Corruption("DELTA for another tree");
         CANOPY_RETURN_IF_ERROR(check_epoch(d.epoch));
         if (!store->HasTree(tree_name) && d.base_version == 0) {
@@ -223,7 +223,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         break;
       }
       case MessageType::kDeltaBatch: {
-        CANOPY_ASSIGN_OR_RETURN(DeltaBatch b, DecodeDeltaBatch(m->payload));
+        CANOPY_ASSIGN_OR_RETURN(DeltaBatchView b, DecodeDeltaBatchView(m->payload));  // views into m's payload
         if (b.tree != tree_name) return Status::Corruption("DELTA_BATCH for another tree");
         CANOPY_RETURN_IF_ERROR(check_epoch(b.epoch));
         if (!store->HasTree(tree_name) && b.base_version == 0) {

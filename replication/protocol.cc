@@ -80,9 +80,11 @@ class PayloadReader {
     return static_cast<uint32_t>(v);
   }
   Result<std::string> Bytes(size_t max_len) {
-    CANOPY_ASSIGN_OR_RETURN(std::string_view v, Wrap(reader_.ReadLengthPrefixed(max_len)));
+    CANOPY_ASSIGN_OR_RETURN(std::string_view v, BytesView(max_len));
     return std::string(v);
   }
+  // A view into the payload (valid while it lives).
+  Result<std::string_view> BytesView(size_t max_len) { return Wrap(reader_.ReadLengthPrefixed(max_len)); }
   Result<std::string> FixedBytes(size_t max_len, size_t exact, std::string_view what) {
     CANOPY_ASSIGN_OR_RETURN(std::string v, Bytes(max_len));
     if (v.size() != exact) {
@@ -119,12 +121,17 @@ class PayloadReader {
     return s;
   }
   Result<std::vector<std::string>> StringList(size_t max_len) {
+    CANOPY_ASSIGN_OR_RETURN(std::vector<std::string_view> views, StringViewList(max_len));
+    return std::vector<std::string>(views.begin(), views.end());
+  }
+  // Views into the payload (valid while it lives).
+  Result<std::vector<std::string_view>> StringViewList(size_t max_len) {
     CANOPY_ASSIGN_OR_RETURN(uint64_t n, Count("list length"));
-    std::vector<std::string> out;
+    std::vector<std::string_view> out;
     out.reserve(n);
     for (uint64_t i = 0; i < n; ++i) {
-      CANOPY_ASSIGN_OR_RETURN(std::string s, Bytes(max_len));
-      out.push_back(std::move(s));
+      CANOPY_ASSIGN_OR_RETURN(std::string_view s, BytesView(max_len));
+      out.push_back(s);
     }
     return out;
   }
@@ -475,16 +482,20 @@ std::string Encode(const DeltaBatch& m) {
   w.StringList(m.deltas);
   return w.Finish();
 }
-Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload) {
+Result<DeltaBatchView> DecodeDeltaBatchView(std::string_view payload) {
   OPEN_OR_RETURN(r, payload, MessageType::kDeltaBatch);
-  DeltaBatch m;
+  DeltaBatchView m;
   CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.base_version, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.deltas, r.StringList(kMaxBlobBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.deltas, r.StringViewList(kMaxBlobBytes));
   if (m.deltas.empty()) return Status::Corruption("DELTA_BATCH without deltas");
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
+}
+Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload) {
+  CANOPY_ASSIGN_OR_RETURN(DeltaBatchView v, DecodeDeltaBatchView(payload));
+  return DeltaBatch{std::move(v.tree), v.epoch, v.base_version, {v.deltas.begin(), v.deltas.end()}};
 }
 
 std::string Encode(const Delta& m) {
@@ -496,9 +507,9 @@ std::string Encode(const Delta& m) {
   w.Bytes(m.delta);
   return w.Finish();
 }
-Result<Delta> DecodeDelta(std::string_view payload) {
+Result<DeltaView> DecodeDeltaView(std::string_view payload) {
   OPEN_OR_RETURN(r, payload, MessageType::kDelta);
-  Delta m;
+  DeltaView m;
   CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.base_version, r.U64());
@@ -506,9 +517,13 @@ Result<Delta> DecodeDelta(std::string_view payload) {
   if (m.new_version <= m.base_version) {
     return Status::Corruption(fmt::format("DELTA: new version {} is not after base {}", m.new_version, m.base_version));
   }
-  CANOPY_ASSIGN_OR_RETURN(m.delta, r.Bytes(kMaxBlobBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.delta, r.BytesView(kMaxBlobBytes));
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
+}
+Result<Delta> DecodeDelta(std::string_view payload) {
+  CANOPY_ASSIGN_OR_RETURN(DeltaView v, DecodeDeltaView(payload));
+  return Delta{std::move(v.tree), v.epoch, v.base_version, v.new_version, std::string(v.delta)};
 }
 
 std::string Encode(const Ack& m) {

@@ -237,6 +237,24 @@ struct DeltaBatch {
   bool operator==(const DeltaBatch&) const = default;
 };
 
+// DELTA and DELTA_BATCH as a replica decodes them: the encoded deltas are
+// views into the received payload (valid while it lives), not copies. A
+// delta of MiB-sized attributes is otherwise copied once more here, on top
+// of the copies that applying and logging it take.
+struct DeltaView {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  std::string_view delta;
+};
+struct DeltaBatchView {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t base_version = 0;
+  std::vector<std::string_view> deltas;
+};
+
 // Replica -> leader on a stream: how far the replica's copy of `tree` is
 // durable. `snapshots_installed` counts the snapshots this stream has
 // installed so far: a leader that found the replica's history divergent at
@@ -577,6 +595,9 @@ Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload);
 Result<OneSidedAnswer> DecodeOneSidedAnswer(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);
+// The same checks as DecodeDelta / DecodeDeltaBatch, without copying the deltas.
+Result<DeltaView> DecodeDeltaView(std::string_view payload);
+Result<DeltaBatchView> DecodeDeltaBatchView(std::string_view payload);
 Result<Ack> DecodeAck(std::string_view payload);
 Result<Heartbeat> DecodeHeartbeat(std::string_view payload);
 Result<ErrorMessage> DecodeError(std::string_view payload);

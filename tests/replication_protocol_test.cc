@@ -101,6 +101,42 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(ErrorMessage{StatusCode::kPermissionDenied, "wrong secret"}, &DecodeError);
 }
 
+// A replica decodes DELTA and DELTA_BATCH into views of the payload it
+// received: the same fields and checks as the owning decoders, no copy of
+// the (possibly MiB-sized) deltas.
+TEST(ProtocolTest, DeltaViewsPointIntoThePayload) {
+  const std::string big(1 << 20, 'd');
+  const std::string one = Encode(Delta{"t", 2, 9, 10, big});
+  auto v = DecodeDeltaView(one);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->tree, "t");
+  EXPECT_EQ(v->epoch, 2u);
+  EXPECT_EQ(v->base_version, 9u);
+  EXPECT_EQ(v->new_version, 10u);
+  EXPECT_EQ(v->delta, big);
+  EXPECT_GE(v->delta.data(), one.data());
+  EXPECT_LE(v->delta.data() + v->delta.size(), one.data() + one.size());
+
+  const std::string batch = Encode(DeltaBatch{"t", 2, 10, {"delta-11", big, ""}});
+  auto b = DecodeDeltaBatchView(batch);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->tree, "t");
+  EXPECT_EQ(b->base_version, 10u);
+  ASSERT_EQ(b->deltas.size(), 3u);
+  EXPECT_EQ(b->deltas[0], "delta-11");
+  EXPECT_EQ(b->deltas[1], big);
+  EXPECT_TRUE(b->deltas[2].empty());
+  for (std::string_view d : b->deltas) {
+    EXPECT_GE(d.data(), batch.data());
+    EXPECT_LE(d.data() + d.size(), batch.data() + batch.size());
+  }
+  // The same refusals as the owning decoders.
+  EXPECT_TRUE(DecodeDeltaBatchView(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());
+  EXPECT_TRUE(DecodeDeltaView(Encode(Delta{"t", 2, 10, 10, "x"})).status().IsCorruption());
+  EXPECT_FALSE(DecodeDeltaView(one.substr(0, one.size() - 1)).ok());
+  EXPECT_FALSE(DecodeDeltaBatchView(batch.substr(0, batch.size() / 2)).ok());
+}
+
 TEST(ProtocolTest, ClientMessagesRoundTrip) {
   CommitRequest c{"t", 3, ConsistencyLevel::kAll, 2500, {}, "", 0};
   c.edits.push_back(Edit{Edit::Kind::kPutAttribute, {0, 2}, "k", "v", 0});

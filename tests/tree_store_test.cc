@@ -368,7 +368,7 @@ TEST(TreeStore, ARequestIdIsAppliedOnceHereOnAReplicaAndAfterReopen) {
     // were it to take over, the retry would not land twice.
     auto replica = OpenOrDie(tmp.path() + "/replica", Opts());
     ASSERT_TRUE(replica->CreateTree("t").ok());
-    auto reached = replica->ApplyEncodedDeltas(replicated);
+    auto reached = replica->ApplyEncodedDeltas(std::vector<std::string_view>(replicated.begin(), replicated.end()));
     ASSERT_TRUE(reached.ok()) << reached.status().ToString();
     EXPECT_EQ(*reached, 3u);
     EXPECT_EQ(*replica->DurableVersion("t"), 3u);
@@ -395,11 +395,11 @@ TEST(TreeStore, ApplyEncodedDeltasStopsAtTheFirstBadDelta) {
   for (int i = 0; i < 3; ++i) deltas.push_back(leader->CommitOps("t", PutRoot("k", std::to_string(i)))->encoded_delta);
   auto replica = OpenOrDie(tmp.path() + "/r", Opts());
   ASSERT_TRUE(replica->CreateTree("t").ok());
-  std::vector<std::string> gap = {deltas[0], deltas[2]};
+  std::vector<std::string_view> gap = {deltas[0], deltas[2]};
   EXPECT_TRUE(replica->ApplyEncodedDeltas(gap).status().IsConflict());
   EXPECT_EQ(*replica->LatestVersion("t"), 1u);  // the first one stays applied
   EXPECT_EQ(*replica->DurableVersion("t"), 1u);
-  std::vector<std::string> bad = {deltas[1], "garbage"};
+  std::vector<std::string_view> bad = {deltas[1], "garbage"};
   EXPECT_TRUE(replica->ApplyEncodedDeltas(bad).status().IsCorruption());
   EXPECT_EQ(*replica->LatestVersion("t"), 2u);
   EXPECT_EQ(replica->ApplyEncodedDeltas({}).status().code(), StatusCode::kInvalidArgument);
@@ -442,7 +442,12 @@ TEST(TreeStore, ReplicaAppliesTheLeadersDeltas) {
     deltas.push_back(r->encoded_delta);
   }
   EXPECT_TRUE(replica->ApplyEncodedDelta(deltas[1]).status().IsConflict());  // base 1, replica at 0
-  for (int i = 0; i < 15; ++i) ASSERT_TRUE(replica->ApplyEncodedDelta(deltas[i]).ok());
+  for (int i = 0; i < 15; ++i) {
+    auto applied = replica->ApplyEncodedDelta(deltas[i]);
+    ASSERT_TRUE(applied.ok());
+    EXPECT_EQ(applied->version, static_cast<uint64_t>(i + 1));
+    EXPECT_TRUE(applied->encoded_delta.empty());  // the caller holds those bytes: not copied back
+  }
   for (int i = 15; i < 30; ++i) ASSERT_TRUE(replica->ApplyDelta(*DecodeDelta(deltas[i])).ok());
   EXPECT_TRUE(replica->ApplyEncodedDelta(deltas[29]).status().IsConflict());  // duplicate
   EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());

@@ -758,12 +758,12 @@ class StoreImpl final : public Store {
     return CommitDelta(*t, delta, nullptr, nullptr, encoded, CommitMode::kReplicated);
   }
 
-  Result<uint64_t> ApplyEncodedDeltas(const std::vector<std::string>& encoded) override {
+  Result<uint64_t> ApplyEncodedDeltas(std::span<const std::string_view> encoded) override {
     if (encoded.empty()) return Status::InvalidArgument("no deltas to apply");
     std::shared_ptr<TreeState> t;
     uint64_t reached = 0;
     Status failed;
-    for (const std::string& e : encoded) {
+    for (std::string_view e : encoded) {
       auto delta = DecodeDelta(e);
       if (!delta.ok()) {
         failed = delta.status();
@@ -1229,7 +1229,9 @@ class StoreImpl final : public Store {
     ++t.commits_since_checkpoint;
     t.wal_bytes_since_checkpoint += encoded.size();
     const bool queue_checkpoint = t.CheckpointDueLocked(options_);
-    CommitResult result{v, owned.empty() ? std::string(encoded) : std::move(owned)};
+    // A caller that passed the encoded bytes in has them (ApplyEncodedDelta):
+    // copying a MiB-sized delta back out for nothing cost as much as logging it.
+    CommitResult result{v, std::move(owned)};
     if (options_.fsync == FsyncPolicy::kAlways && sync) {
       Status ds = SyncLocked(lk, t, v, false);
       if (!ds.ok()) return ds;

@@ -72,6 +72,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -198,7 +199,8 @@ class VersionPin {
 
 struct CommitResult {
   uint64_t version = 0;       // the new version number
-  std::string encoded_delta;  // EncodeDelta() of what was committed (also the WAL record)
+  std::string encoded_delta;  // EncodeDelta() of what was committed (also the WAL record); empty
+                              // from ApplyEncodedDelta, whose caller holds those bytes
   // The commit's request id had been committed before, as `version`: nothing
   // was applied now and encoded_delta is empty.
   bool duplicate = false;
@@ -369,14 +371,15 @@ class Store {
   // version (else Conflict) and new_version == base_version + 1 (else
   // InvalidArgument); logged per the fsync policy like Commit.
   virtual Result<CommitResult> ApplyDelta(const Delta& delta) = 0;
-  // Same, from EncodeDelta() bytes (Corruption if they do not decode).
+  // Same, from EncodeDelta() bytes (Corruption if they do not decode). The
+  // result's encoded_delta is left empty: the caller holds those bytes.
   virtual Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) = 0;
   // Applies consecutive encoded deltas in order, each as ApplyEncodedDelta,
   // but under kAlways syncs the WAL once, after the last (a replica applying
   // a batch from its leader pays one fdatasync). Returns the version reached.
   // On an error the deltas before the failing one stay applied (and synced
   // per the policy); the error names the failing delta's version.
-  virtual Result<uint64_t> ApplyEncodedDeltas(const std::vector<std::string>& encoded) = 0;
+  virtual Result<uint64_t> ApplyEncodedDeltas(std::span<const std::string_view> encoded) = 0;
 
   // Encoded deltas with new_version > `version`, in order, read from the WAL,
   // stopping once max_bytes have been collected (at least one delta is
