@@ -619,8 +619,14 @@ Status ErrnoError(int err, const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(err));
 }
 
+// How MapFile sets up the mapping's page tables.
+enum class Populate {
+  kNow,     // every page now, in one call: the caller reads them all at once
+  kOnTouch  // page by page as they are first read: most may never be
+};
+
 // Maps `path` read-only (whole file).
-Result<std::pair<const char*, size_t>> MapFile(const std::string& path) {
+Result<std::pair<const char*, size_t>> MapFile(const std::string& path, Populate populate) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -638,7 +644,8 @@ Result<std::pair<const char*, size_t>> MapFile(const std::string& path) {
     ::close(fd);
     return Status::Corruption(path + ": empty snapshot file");
   }
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+  const int flags = MAP_PRIVATE | (populate == Populate::kNow ? MAP_POPULATE : 0);
+  void* p = ::mmap(nullptr, size, PROT_READ, flags, fd, 0);
   int err = errno;
   ::close(fd);
   if (p == MAP_FAILED) return ErrnoError(err, "mmap " + path);
@@ -861,7 +868,10 @@ Result<Version> SnapshotReader::FinishFromFile(const std::string& path) {
   Impl& m = *impl_;
   if (!m.error.ok()) return m.error;
   if (!m.checker.complete) return m.error = Status::Corruption("snapshot stream ended before its TAIL block");
-  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path));
+  // The blocks were checked as they landed: nothing reads the file now, and
+  // a lazily opened tree may never touch most of it, so its pages are not
+  // all mapped up front (which set up a page-table entry per page again).
+  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path, Populate::kOnTouch));
   if (mapped.second != m.checker.physical) {
     ::munmap(const_cast<char*>(mapped.first), mapped.second);
     return Status::Corruption(path + ": holds " + std::to_string(mapped.second) + " bytes, the stream had " +
@@ -881,7 +891,7 @@ Result<Version> OpenSnapshotImage(std::string bytes) {
 }
 
 Result<Version> OpenSnapshotFile(const std::string& path) {
-  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path));
+  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path, Populate::kNow));  // checked whole, right away
   StreamChecker checker;
   Status s = CheckWhole(mapped.first, mapped.second, &checker);
   if (!s.ok()) {
