@@ -150,9 +150,10 @@ cpu_per_gb() { awk -v s="$1" -v b="$2" 'BEGIN { printf "%.4f\n", s / (b / 1e9) }
 # first write to a page the guest handed back costs a fault in the host;
 # which writer pays for it then depends on what ran just before, not on
 # its code (measured here: the joiner's CPU per GB 2.73 -> 1.26 with 1.5
-# GB written and freed right before it; dd, run right after the join
-# freed its pages, never paid it). Each writer now starts from pages the
-# guest has just used. On bare metal this changes nothing.
+# GB written and freed right before it; dd and rcopy, which ran right
+# after the join freed its pages, did not move when warmed too). Each
+# writer now starts from pages the guest has just used. On bare metal
+# this changes nothing.
 warm_floor=$(bench_pick 128 1024 1024)
 warm_mib=$((join_mib * 4 > warm_floor ? join_mib * 4 : warm_floor))
 warm_memory() {
@@ -277,7 +278,7 @@ rcopy_sample() {
     rcopy_mib=$mib
   fi
   bytes=$((rcopy_mib * 1024 * 1024))
-  local cpu0 cpu1
+  local cpu0 cpu1 cpu
   warm_memory
   cpu0=$(proc_cpu_seconds "$rcopy_pid")
   t0=$(bench_now)
@@ -286,9 +287,9 @@ rcopy_sample() {
   t1=$(bench_now)
   cpu1=$(proc_cpu_seconds "$rcopy_pid")
   secs=$(bench_elapsed "$t0" "$t1")
-  RCOPY_CPU_PER_GB=$(cpu_per_gb "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { print b - a }')" "$bytes")
-  jq -c --arg l rcopy --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" \
-    --argjson cpu "$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.3f", b - a }')" \
+  cpu=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.3f", b - a }')
+  RCOPY_CPU_PER_GB=$(cpu_per_gb "$cpu" "$bytes")
+  jq -c --arg l rcopy --argjson r "$rep" --argjson s "$secs" --argjson b "$bytes" --argjson cpu "$cpu" \
     '{label: $l, rep: $r, seconds: $s, bytes: $b, server_cpu_seconds: $cpu, rcopy: .}' <<<"$out" >> "$runs"
   rm -f "$work/rcopy-dst/copy"
   bench_gbps "$bytes" "$secs"
