@@ -99,7 +99,7 @@ uint64_t ConnState::retransmits() const {
 
 ConnState::Counters ConnState::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return Counters{frames_sent_, retransmits_, injected_drops_, loss_probes_, timeouts_};
+  return Counters{frames_sent_, retransmits_, injected_drops_, loss_probes_, timeouts_, window_cuts_, congestive_cuts_};
 }
 
 template <typename Done>
@@ -499,6 +499,8 @@ void ConnState::OnLossLocked(bool timeout, size_t newly_lost) {
   // connections sharing a bottleneck converge to equal shares.
   bool congestive = timeout || (min_rtt_ns_ > 0 && srtt_ns_ > 4 * min_rtt_ns_);
   uint64_t reduced = congestive ? cwnd_ / 2 : cwnd_ * 85 / 100;
+  ++window_cuts_;
+  if (congestive) ++congestive_cuts_;
   cwnd_ = std::max<uint64_t>(reduced, kMinCwndSegments * mss);
   ssthresh_ = cwnd_;
   recovery_end_ = snd_nxt_;

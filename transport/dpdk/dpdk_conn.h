@@ -192,6 +192,8 @@ class ConnState {
     uint64_t injected_drops = 0;
     uint64_t loss_probes = 0;  // tail loss probes sent
     uint64_t timeouts = 0;     // retransmission timer expiries
+    uint64_t window_cuts = 0;  // congestion-window reductions, of which
+    uint64_t congestive_cuts = 0;  // halvings (timeout or standing queue)
   };
   Counters counters() const;
 
@@ -298,6 +300,8 @@ class ConnState {
   uint64_t frames_sent_ = 0;
   uint64_t loss_probes_ = 0;
   uint64_t timeouts_ = 0;
+  uint64_t window_cuts_ = 0;
+  uint64_t congestive_cuts_ = 0;
   mutable uint64_t injected_drops_ = 0;
 
   // Receive side.

@@ -158,8 +158,9 @@ class DpdkConnection final : public Connection {
       // wants this account even from tools that log only warnings (bench).
       CANOPY_LOG(kWarn,
                  "dpdk: connection to {}: {} frames sent, {} retransmitted, {} dropped by fault injection "
-                 "({} tail loss probes, {} retransmission timeouts)",
-                 PeerUri(conn_->params()), c.frames_sent, c.retransmits, c.injected_drops, c.loss_probes, c.timeouts);
+                 "({} tail loss probes, {} retransmission timeouts; {} congestion-window cuts, {} of them halvings)",
+                 PeerUri(conn_->params()), c.frames_sent, c.retransmits, c.injected_drops, c.loss_probes, c.timeouts,
+                 c.window_cuts, c.congestive_cuts);
     }
     conn_->Abort();
   }
