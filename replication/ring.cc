@@ -32,6 +32,22 @@ Status Ring::AddNode(std::string_view node_id) {
   return Status::Ok();
 }
 
+Status Ring::AddNodes(const std::vector<std::string>& node_ids) {
+  if (options_.vnodes_per_node == 0) return Status::InvalidArgument("ring: vnodes per node must be > 0");
+  if (options_.replication_factor == 0) return Status::InvalidArgument("ring: replication factor must be > 0");
+  std::vector<std::string> merged = node_ids_;
+  for (const auto& id : node_ids) {
+    if (id.empty()) return Status::InvalidArgument("ring: empty node id");
+    merged.push_back(id);
+  }
+  std::sort(merged.begin(), merged.end());
+  auto dup = std::adjacent_find(merged.begin(), merged.end());
+  if (dup != merged.end()) return Status::AlreadyExists("ring: node " + *dup + " already present");
+  node_ids_ = std::move(merged);
+  Rebuild();
+  return Status::Ok();
+}
+
 Status Ring::RemoveNode(std::string_view node_id) {
   auto it = std::lower_bound(node_ids_.begin(), node_ids_.end(), node_id);
   if (it == node_ids_.end() || *it != node_id) {

@@ -36,6 +36,11 @@ class Ring {
   // InvalidArgument for an empty id or bad options (vnodes or RF of 0);
   // AlreadyExists when the node is on the ring.
   Status AddNode(std::string_view node_id);
+  // Adds every id, then places their tokens once: O(T log T) for T tokens,
+  // where adding them one by one re-sorts the ring each time (tens of ms at
+  // 50 nodes). Same errors as AddNode (a duplicate in `node_ids` included);
+  // on error the ring is unchanged.
+  Status AddNodes(const std::vector<std::string>& node_ids);
   // NotFound when it is not.
   Status RemoveNode(std::string_view node_id);
   bool Contains(std::string_view node_id) const;

@@ -275,6 +275,25 @@ TEST(RingTest, OwnersAreDistinctAndDeterministic) {
   EXPECT_EQ(Ring(RingOptions{0, 3}).AddNode("1").code(), StatusCode::kInvalidArgument);
 }
 
+TEST(RingTest, AddNodesPlacesTheSameRingAsAddingOneByOne) {
+  Ring one_by_one = MakeRing(7);
+  Ring at_once;
+  ASSERT_TRUE(at_once.AddNodes({"7", "2", "5"}).ok());
+  ASSERT_TRUE(at_once.AddNodes({"1", "6", "3", "4"}).ok());  // onto a ring that has nodes
+  EXPECT_EQ(at_once.nodes(), one_by_one.nodes());
+  for (int k = 0; k < 200; ++k) {
+    std::string key = "tree-" + std::to_string(k);
+    EXPECT_EQ(at_once.Owners(key), one_by_one.Owners(key)) << key;
+  }
+  // Errors leave the ring as it was.
+  EXPECT_EQ(at_once.AddNodes({"8", "3"}).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(at_once.AddNodes({"8", "8"}).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(at_once.AddNodes({"8", ""}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(at_once.node_count(), 7u);
+  EXPECT_FALSE(at_once.Contains("8"));
+  EXPECT_EQ(Ring(RingOptions{256, 0}).AddNodes({"1"}).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(RingTest, OwnershipIsBalanced) {
   // With 256 vnodes per node the share of the hash space each node owns
   // stays within 20% of the mean (it is ~RF/N).

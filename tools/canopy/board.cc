@@ -203,6 +203,7 @@ struct BoardService::View {
   std::map<std::string, std::string> uris;  // node id -> URI
   std::map<std::string, bool> alive;
   replication::Ring ring;
+  replication::RingOptions ring_options;
   bool IsOwner(const std::string& tree) const {
     auto owners = ring.Owners(tree);
     return owners.empty() || std::find(owners.begin(), owners.end(), local_id) != owners.end();
@@ -340,15 +341,32 @@ std::shared_ptr<const BoardService::View> BoardService::CurrentView(bool may_blo
   v->fetched = Clock::now();
   v->valid = true;
   v->local_id = s->node_id;
-  v->ring = replication::Ring(replication::RingOptions{s->vnodes, s->replication_factor});
+  std::vector<std::string> ids;
   for (const auto& n : s->nodes) {
     v->uris[n.node_id] = n.uri;
     v->alive[n.node_id] = n.alive || n.node_id == s->node_id;
-    (void)v->ring.AddNode(n.node_id);
+    ids.push_back(n.node_id);
   }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  const replication::RingOptions ring_options{s->vnodes, s->replication_factor};
+  if (current->valid && current->ring_options.vnodes_per_node == ring_options.vnodes_per_node &&
+      current->ring_options.replication_factor == ring_options.replication_factor && current->ring.nodes() == ids) {
+    v->ring = current->ring;  // the same members: no need to place 256 tokens per node again
+  } else {
+    v->ring = replication::Ring(ring_options);
+    (void)v->ring.AddNodes(ids);
+  }
+  v->ring_options = ring_options;
   std::lock_guard<std::mutex> lock(view_mu_);
   view_ = v;
   return v;
+}
+
+bool BoardService::RoutableFromEventThread(const View& view) const {
+  if (!view.valid) return false;
+  const auto age = Clock::now() - view.fetched;
+  return age < options_.view_refresh || (age < 2 * options_.view_refresh && refreshing_.load());
 }
 
 std::string BoardService::ReadUri(const View& view, const std::string& tree) const {
@@ -407,9 +425,9 @@ std::optional<Result<SliceReply>> BoardService::SliceRead(const SliceRequest& re
   auto view = CurrentView(may_block);
   if (!may_block) {
     // The fast path: this node's own store, when it owns the tree.
-    // A stale view sends the request to a worker, which refreshes it.
-    if (!options_.local_slice || !view->valid || Clock::now() - view->fetched >= options_.view_refresh ||
-        !view->IsOwner(request.tree)) {
+    // A view too old to route by (RoutableFromEventThread) sends the request
+    // to a worker, which refreshes it.
+    if (!options_.local_slice || !RoutableFromEventThread(*view) || !view->IsOwner(request.tree)) {
       return std::nullopt;
     }
     SliceReply r = options_.local_slice(request);
@@ -697,7 +715,7 @@ bool BoardService::TryForwardListing(const std::string& board, const Listing& li
   }
   if (!forwarder_ || listing.slice.level != ReadLevel::kOne || listing.slice.version != 0) return false;
   auto view = CurrentView(/*may_block=*/false);
-  if (!view->valid || Clock::now() - view->fetched >= options_.view_refresh || view->IsOwner(listing.slice.tree)) {
+  if (!RoutableFromEventThread(*view) || view->IsOwner(listing.slice.tree)) {
     return false;
   }
   const std::string uri = ReadUri(*view, listing.slice.tree);

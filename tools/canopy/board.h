@@ -198,6 +198,12 @@ class BoardService : public http::Handler {
   // The cluster view; refreshed (STATUS of the local node) when older than
   // view_refresh and may_block; possibly invalid (never fetched).
   std::shared_ptr<const View> CurrentView(bool may_block);
+  // Whether the event thread may route by `view`: younger than view_refresh,
+  // or younger than twice that while a worker refreshes it. The first
+  // request that finds it stale goes to a worker, which refreshes; those
+  // after it need not queue behind that STATUS round trip. (A route from an
+  // old view that is wrong fails over to a worker like any refused read.)
+  bool RoutableFromEventThread(const View& view) const;
   std::string ReadUri(const View& view, const std::string& tree) const;
   std::string WriteUri(const View& view, const std::string& tree) const;
   Status EnsureRegistry();
