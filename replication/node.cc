@@ -221,7 +221,8 @@ void Node::Impl::Stop() {
 
 void Node::Impl::AcceptLoop() {
   while (!stopping) {
-    auto conn = listener->Accept(Deadline::After(std::chrono::milliseconds(250)));
+    // Stop() closes the listener, which wakes this wait.
+    auto conn = listener->Accept(Deadline::After(std::chrono::seconds(5)));
     if (!conn.ok()) {
       if (conn.status().IsTimeout()) continue;
       if (stopping) break;
@@ -281,8 +282,11 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
       commits.Flush();
       unflushed = 0;
     }
+    // Idle, this thread just waits: Stop() closes every registered
+    // connection, which wakes it (Aborted). A short timeout here woke each
+    // of a node's N - 1 inbound member links every second for nothing.
     auto m = conn.Receive(unflushed > 0 ? Deadline::After(std::chrono::nanoseconds(0))
-                                        : Deadline::After(std::chrono::seconds(1)));
+                                        : Deadline::After(std::chrono::seconds(30)));
     if (!m.ok()) {
       if (m.status().IsTimeout()) {
         if (unflushed > 0) {

@@ -339,6 +339,15 @@ int RunNode(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // SIGINT and SIGTERM stay blocked in every thread (they inherit this mask)
+  // and the main thread takes them with sigtimedwait: it sleeps until one
+  // comes instead of waking 20 times a second to look at a flag, which in a
+  // cluster of 50 idle nodes on one host was 1000 wake-ups a second.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto node = Node::Start(o);
   if (!node.ok()) {
@@ -421,7 +430,12 @@ int RunNode(int argc, char** argv) {
       if (!s.ok()) CANOPY_LOG(kError, "http server stopped: {}", s.ToString());
     });
   }
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!g_stop) {
+    // The timeout only bounds the wait should a signal reach the handler
+    // instead (a thread started with another mask).
+    const timespec at_most{1, 0};
+    if (sigtimedwait(&stop_signals, nullptr, &at_most) > 0) g_stop = 1;
+  }
   if (http_server) {
     http_server->Stop();
     http_thread.join();
