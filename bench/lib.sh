@@ -151,6 +151,29 @@ bench_cpus() {
   tr ',' '\n' <<<"$list" | awk -F- '{ hi = ($2 == "") ? $1 : $2; for (c = $1; c <= hi; c++) print c }'
 }
 
+# bench_cpu_seconds PID... -> the user + system CPU seconds the PIDs have used
+# so far, summed (/proc/PID/stat fields 14 and 15); a PID that is gone counts 0.
+bench_cpu_seconds() {
+  local pid
+  for pid in "$@"; do cat "/proc/$pid/stat" 2>/dev/null || true; done |
+    awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); t += $12 + $13 } END { printf "%.3f\n", t / hz }'
+}
+
+# bench_median V... -> the median of the numbers (the mean of the middle two
+# of an even count, as bench/run takes it); empty when there are none.
+bench_median() {
+  printf '%s\n' "$@" | grep -v '^$' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else if (NR) print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# bench_machine_cpu -> "BUSY TOTAL": CPU seconds of all CPUs so far (/proc/stat,
+# user through steal); BUSY leaves out idle and iowait. Two readings give the
+# machine's utilisation over an interval: (BUSY1 - BUSY0) / (TOTAL1 - TOTAL0).
+bench_machine_cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i
+    printf "%.3f %.3f\n", (t - $5 - $6) / hz, t / hz; exit }' /proc/stat
+}
+
 # bench_kill PID... -> stops each PID (TERM, then KILL after ~2 s) and reaps it;
 # empty arguments are ignored, never fails.
 bench_kill() {

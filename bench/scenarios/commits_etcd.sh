@@ -153,11 +153,19 @@ canopy_sample() {
   "$canopy" bench --node "$node" --cluster "$cluster" --secret-file "$work/secret" --tree "$tree" --cl ALL \
     --count $((trees * 2 > 10 ? trees * 2 : 10)) --trees "$trees" -c "$((trees < 16 ? trees : 16))" \
     --value-bytes "$value_bytes" > /dev/null || { bench_log "canopy warm-up failed"; return 1; }
+  read -r busy0 total0 < <(bench_machine_cpu)
   out=$("$canopy" bench --node "$node" --cluster "$cluster" --secret-file "$work/secret" --tree "$tree" --cl "$cl" \
     --count "$n" -c "$c" --conns "$(conns_for "$c")" --trees "$trees" --value-bytes "$value_bytes" --json) ||
     { bench_log "canopy bench failed: $out"; return 1; }
-  jq -c --argjson r "$rep" --arg l "$label" \
-    '{label: $l, rep: $r, clients, conns, trees, commits_per_s, p50_us, p99_us, p999_us, canopy_bench: .}' \
+  read -r busy1 total1 < <(bench_machine_cpu)
+  # The whole machine's CPU over the measured run (nodes, client, the rest):
+  # how busy it was, and CPU microseconds per commit.
+  jq -c --argjson r "$rep" --arg l "$label" --argjson n "$n" \
+    --argjson busy "$(awk -v a="$busy0" -v b="$busy1" 'BEGIN { print b - a }')" \
+    --argjson total "$(awk -v a="$total0" -v b="$total1" 'BEGIN { print b - a }')" \
+    '{label: $l, rep: $r, clients, conns, trees, commits_per_s, p50_us, p99_us, p999_us,
+      machine_cpu_busy_pct: (if $total > 0 then 100 * $busy / $total else null end),
+      machine_cpu_us_per_commit: (1e6 * $busy / $n), canopy_bench: .}' \
     <<<"$out" | tee -a "$runs"
 }
 
@@ -204,12 +212,15 @@ done
 # ---- write capacity: 64 trees on 3 nodes vs on 5 nodes (etcd is stopped first: CPU for canopy only)
 bench_kill "${etcd_pids[@]}"
 start_canopy wide 5
-cap3=() cap5=()
+cap3=() cap5=() busy3=() busy5=() cpc3=() cpc5=()
 for ((rep = 1; rep <= reps; rep++)); do
   a=$(canopy_sample "$rep" 64 "${uris[0]}" commits 64 three)
   b=$(canopy_sample "$rep" 64 "${uris_wide[0]}" wide 64 five)
   cap3+=("$(jq .commits_per_s <<<"$a" | r2)"); cap5+=("$(jq .commits_per_s <<<"$b" | r2)")
-  bench_log "rep $rep/$reps, 64 trees, 64 clients: 3 nodes ${cap3[-1]} commits/s, 5 nodes ${cap5[-1]} commits/s"
+  busy3+=("$(jq .machine_cpu_busy_pct <<<"$a" | r2)"); busy5+=("$(jq .machine_cpu_busy_pct <<<"$b" | r2)")
+  cpc3+=("$(jq .machine_cpu_us_per_commit <<<"$a" | r2)"); cpc5+=("$(jq .machine_cpu_us_per_commit <<<"$b" | r2)")
+  bench_log "rep $rep/$reps, 64 trees, 64 clients: 3 nodes ${cap3[-1]} commits/s (machine CPU ${busy3[-1]}% busy," \
+    "${cpc3[-1]} µs per commit), 5 nodes ${cap5[-1]} commits/s (${busy5[-1]}% busy, ${cpc5[-1]} µs per commit)"
 done
 
 comparisons=$(
@@ -228,9 +239,12 @@ comparisons=$(
     "canopy $cl" "$(bench_samples "${c1_tput[@]}")" "etcd (HTTP/JSON)" "$(bench_samples "${ej_tput[@]}")"
   bench_comparison "p99 commit latency, canopy $cl vs etcd JSON gateway ($count1 sequential writes, 1 client)" µs false \
     "canopy $cl" "$(bench_samples "${c1_p99[@]}")" "etcd (HTTP/JSON)" "$(bench_samples "${ej_p99[@]}")"
-  bench_comparison "write capacity: commits/s over 64 trees from 64 clients, 5 nodes vs 3 nodes (RF 3)" commits/s true \
+  bench_comparison "write capacity: commits/s over 64 trees from 64 clients, 5 nodes vs 3 nodes (RF 3; machine CPU busy during the runs: 3 nodes $(bench_median "${busy3[@]}")%, 5 nodes $(bench_median "${busy5[@]}")%)" commits/s true \
     "5 nodes" "$(bench_samples "${cap5[@]}")" "3 nodes" "$(bench_samples "${cap3[@]}")" \
     1.4 "5 nodes >= 1.4x the commits/s of 3 (needs cores for the extra nodes)"
+  # Where the capacity goes: the whole machine's CPU per commit (nodes and client).
+  bench_comparison "machine CPU per commit over 64 trees from 64 clients, 5 nodes vs 3 nodes (RF 3)" "CPU µs/commit" false \
+    "5 nodes" "$(bench_samples "${cpc5[@]}")" "3 nodes" "$(bench_samples "${cpc3[@]}")"
 )
 comparisons=$(jq -s . <<<"$comparisons")
 

@@ -14,8 +14,9 @@
 # all three endpoints as the client; etcdctl starts a process per put, which
 # adds ~10-30 ms of resolution to etcd's windows), alternating canopy and
 # etcd kills. Prints every window and p50/p99/max. Goal (issue 18): canopy's
-# p99 <= 500 ms. Comparison: p99 window, lower is better (A canopy, B etcd).
-# Sizes: tiny 2 kills, quick 10, full 20. Contract: bench/lib.sh.
+# p99 <= 500 ms. Comparisons (lower is better): canopy's p99 over all kills
+# against that goal; every window, canopy (A) against etcd (B).
+# Sizes: tiny 2 kills, quick and full 20 (the issue asks for 20). Contract: bench/lib.sh.
 set -euo pipefail
 source "$BENCH_REPO/bench/lib.sh"
 
@@ -24,7 +25,7 @@ client=$BENCH_BUILD/bench/failover_client
 for b in "$canopy" "$client"; do
   [[ -x $b ]] || { bench_log "$b not built (cmake --build $BENCH_BUILD --target canopy failover_client)"; exit 1; }
 done
-kills=${FAILOVER_KILLS:-$(bench_pick 2 10 20)}
+kills=${FAILOVER_KILLS:-$(bench_pick 2 20 20)}
 with_etcd=${FAILOVER_ETCD:-1}
 if ((with_etcd)); then
   bench_need_peer etcd etcd-server || with_etcd=0
@@ -279,12 +280,19 @@ num() { printf '%s\n' "$@" | sed 's/^lost$/20000/'; }
 cs=$(num "${canopy_w[@]}" | jq -s -c .)
 es=$(num "${etcd_w[@]}" | jq -s -c .)
 failovers=$(grep -h -c "now the leader of fo" "$work"/canopy*.log | paste -sd+ | bc)
-if ((${#etcd_w[@]} > 0)); then
-  comparisons=$(bench_comparison "unavailability after a leader SIGKILL, per kill (ms, until a QUORUM commit started after the kill is acknowledged): canopy vs etcd" \
-    "ms" false "canopy (--raft, 3 nodes)" "$cs" "etcd 3.4 (3 members, etcdctl put loop)" "$es" | jq -s -c .)
-else
-  comparisons='[]'
-fi
+comparisons=$(
+  {
+    # The goal is on the p99 over all kills: one sample per run, against 500 ms.
+    if ((${#canopy_w[@]} > 0)); then
+      bench_comparison "canopy p99 unavailability over ${#canopy_w[@]} leader SIGKILLs vs the 500 ms goal (ms, nearest rank)" \
+        "ms" false "canopy p99" "[$c99]" "goal" "[500]" 1.0 "canopy p99 <= 500 ms"
+    fi
+    if ((${#etcd_w[@]} > 0)); then
+      bench_comparison "unavailability after a leader SIGKILL, per kill (ms, until a QUORUM commit started after the kill is acknowledged): canopy vs etcd" \
+        "ms" false "canopy (--raft, 3 nodes)" "$cs" "etcd 3.4 (3 members, etcdctl put loop)" "$es"
+    fi
+  } | jq -s -c .
+)
 jq -n --argjson comparisons "$comparisons" --argjson cs "$cs" --argjson es "$es" --argjson kills "$kills" \
   --arg c50 "$c50" --arg c99 "$c99" --arg cmax "$cmax" --arg e50 "$e50" --arg e99 "$e99" --arg emax "$emax" \
   --argjson failovers "${failovers:-0}" --arg settle "$settle" '

@@ -135,12 +135,6 @@ bench_log "loaded in $load_s s"
 # log_ts LINE -> epoch seconds of a canopy log line (2024-01-02T03:04:05.678Z ...).
 log_ts() { date -d "${1%% *}" +%s.%N; }
 
-# proc_cpu_seconds PID -> user + system CPU seconds the process has used so
-# far (/proc/PID/stat fields 14 and 15, in clock ticks).
-clk_tck=$(getconf CLK_TCK)
-proc_cpu_seconds() {
-  awk -v hz="$clk_tck" '{ sub(/^.*\) /, ""); printf "%.3f\n", ($12 + $13) / hz }' "/proc/$1/stat"
-}
 # cpu_per_gb SECONDS BYTES -> CPU seconds per decimal GB.
 cpu_per_gb() { awk -v s="$1" -v b="$2" 'BEGIN { printf "%.4f\n", s / (b / 1e9) }'; }
 
@@ -208,7 +202,7 @@ join_sample() {
     # of a busy 2-core machine blurs (and before STATUS makes it hash its trees).
     if [[ $done_ != "$installed" ]]; then
       installed=$done_
-      cpu_s=$(proc_cpu_seconds "$jpid")
+      cpu_s=$(bench_cpu_seconds "$jpid")
     fi
     [[ -n $begun && $begun == "$done_" ]] || continue
     (($(date +%s%N) / 1000000 - last_check >= 500)) || continue
@@ -280,12 +274,12 @@ rcopy_sample() {
   bytes=$((rcopy_mib * 1024 * 1024))
   local cpu0 cpu1 cpu
   warm_memory
-  cpu0=$(proc_cpu_seconds "$rcopy_pid")
+  cpu0=$(bench_cpu_seconds "$rcopy_pid")
   t0=$(bench_now)
   out=$("$rcopy" --json -p "$rcopy_port" "$work/rcopy.bin" "127.0.0.1:copy" 2> "$work/rcopy-client.err") ||
     { bench_log "rcopy failed: $out $(cat "$work/rcopy-client.err")"; return 1; }
   t1=$(bench_now)
-  cpu1=$(proc_cpu_seconds "$rcopy_pid")
+  cpu1=$(bench_cpu_seconds "$rcopy_pid")
   secs=$(bench_elapsed "$t0" "$t1")
   cpu=$(awk -v a="$cpu0" -v b="$cpu1" 'BEGIN { printf "%.3f", b - a }')
   RCOPY_CPU_PER_GB=$(cpu_per_gb "$cpu" "$bytes")

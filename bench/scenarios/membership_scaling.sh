@@ -26,7 +26,6 @@ sizes=${MEMBERSHIP_SIZES:-$(bench_pick "3 10" "3 10 20" "3 10 20 50")}
 window=${MEMBERSHIP_WINDOW_S:-$(bench_pick 3 8 15)}
 settle=${MEMBERSHIP_SETTLE_S:-$(bench_pick 2 3 5)}
 reps=${BENCH_REPS:-1}
-tck=$(getconf CLK_TCK)
 
 work=$BENCH_WORK/membership_scaling
 pids=()
@@ -38,15 +37,6 @@ mkdir -p "$work"
 echo "membership bench secret, loopback only" > "$work/secret"
 common=(--cluster members --secret-file "$work/secret")
 
-# cpu_ticks PID... -> total utime + stime of the PIDs, in clock ticks.
-cpu_ticks() {
-  local total=0 pid f
-  for pid in "$@"; do
-    f=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
-    total=$((total + $(awk '{ print $12 + $13 }' <<<"$f")))
-  done
-  echo "$total"
-}
 # membership PORT -> "messages bytes" (sent + received) from a node's metrics.
 membership() {
   curl -s --max-time 5 "http://127.0.0.1:$1/metrics" |
@@ -85,20 +75,20 @@ for ((rep = 1; rep <= reps; rep++)); do
       done
     done
     sleep "$settle"
-    c0=$(cpu_ticks "${pids[@]}")
+    c0=$(bench_cpu_seconds "${pids[@]}")
     m0=0 b0=0
     for p in "${mports[@]}"; do read -r m b < <(membership "$p"); m0=$((m0 + m)); b0=$((b0 + b)); done
     t0=$(bench_now)
     sleep "$window"
-    c1=$(cpu_ticks "${pids[@]}")
+    c1=$(bench_cpu_seconds "${pids[@]}")
     m1=0 b1=0
     for p in "${mports[@]}"; do read -r m b < <(membership "$p"); m1=$((m1 + m)); b1=$((b1 + b)); done
     t1=$(bench_now)
     dead=$("$bin" status --node "${uris[0]}" "${common[@]}" --json | jq '[.nodes[] | select(.alive | not)] | length')
-    row=$(awk -v n="$n" -v c="$((c1 - c0))" -v m="$((m1 - m0))" -v b="$((b1 - b0))" -v s="$(bench_elapsed "$t0" "$t1")" \
-      -v tck="$tck" -v dead="$dead" -v rep="$rep" -v build="$build_name" \
+    row=$(awk -v n="$n" -v c0="$c0" -v c1="$c1" -v m="$((m1 - m0))" -v b="$((b1 - b0))" -v s="$(bench_elapsed "$t0" "$t1")" \
+      -v dead="$dead" -v rep="$rep" -v build="$build_name" \
       'BEGIN { printf "{\"build\":\"%s\",\"rep\":%d,\"nodes\":%d,\"messages_per_node_s\":%.1f,\"bytes_per_node_s\":%.0f,\"cpu_pct_per_node\":%.3f,\"members_seen_dead_by_node_1\":%d,\"window_s\":%.2f}\n",
-               build, rep, n, m / n / s, b / n / s, 100 * c / tck / n / s, dead, s }')
+               build, rep, n, m / n / s, b / n / s, 100 * (c1 - c0) / n / s, dead, s }')
     rows+=("$row")
     bench_log "$(jq -r '"\(.build): \(.nodes) nodes: \(.messages_per_node_s) membership msgs/s, \(.bytes_per_node_s) B/s, \(.cpu_pct_per_node)% of a core per node (node 1 sees \(.members_seen_dead_by_node_1) dead)"' <<<"$row")"
     bench_kill "${pids[@]}"
