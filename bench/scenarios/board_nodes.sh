@@ -9,7 +9,8 @@
 # ceiling of the box. Samples are paired per rep (board reads from one node,
 # nginx). Goal (issue 18): >= 20 k board reads/s from one node; the rates
 # grow with nodes or the fragment names the bottleneck: every process here
-# shares the same 2 cores, so more nodes add work (replication), not CPUs.
+# shares the same 2 cores, so more nodes add work (replication), not CPUs;
+# the machine's CPU (busy %, CPU per post) is measured around the posts.
 # Env: BOARD_NODES (default "1 3 5"), BOARD_SECONDS (per load; default by mode).
 # Contract: bench/lib.sh.
 set -euo pipefail
@@ -96,7 +97,7 @@ spread() {
   echo "$total"
 }
 
-declare -A post_rates read_rates
+declare -A post_rates read_rates post_busy post_cpu read_cpu
 one_node_reads=() nginx_rates=()
 for ((rep = 1; rep <= reps; rep++)); do
   if [[ -n $nginx_url ]]; then
@@ -117,9 +118,22 @@ for ((rep = 1; rep <= reps; rep++)); do
     "$load" -n "$prefill" -c 4 -t 1 -k --json --method POST --body "$body" -H 'Content-Type: application/json' \
       "http://127.0.0.1:$port1/boards/bench/messages?cl=QUORUM" > /dev/null
     sleep 0.5  # replicas catch up before reads at ONE
+    read -r busy0 total0 < <(bench_machine_cpu)
     p=$(spread "$n" POST "/boards/bench/messages?cl=QUORUM")
+    read -r busy1 total1 < <(bench_machine_cpu)
+    # The whole machine's CPU over the posts: how busy, and CPU us per post.
+    post_busy[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v ta="$total0" -v tb="$total1" \
+      'BEGIN { printf "%.1f", (tb > ta) ? 100 * (b - a) / (tb - ta) : 0 }') "
+    post_cpu[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v r="$p" -v s="$seconds" \
+      'BEGIN { printf "%.1f", (r > 0) ? 1e6 * (b - a) / (r * s) : 0 }') "
+    read -r busy0 total0 < <(bench_machine_cpu)
     r=$(spread "$n" GET "/boards/bench/messages?limit=10")
-    bench_log "rep $rep, $n node(s): $p posts/s, $r reads/s (64 connections over the nodes)"
+    read -r busy1 total1 < <(bench_machine_cpu)
+    read_cpu[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v r="$r" -v s="$seconds" \
+      'BEGIN { printf "%.1f", (r > 0) ? 1e6 * (b - a) / (r * s) : 0 }') "
+    bench_log "rep $rep, $n node(s): $p posts/s (machine CPU $(awk '{ print $NF }' <<<"${post_busy[$n]}")% busy," \
+      "$(awk '{ print $NF }' <<<"${post_cpu[$n]}") µs per post), $r reads/s ($(awk '{ print $NF }' <<<"${read_cpu[$n]}") µs" \
+      "per read; 64 connections over the nodes)"
     post_rates[$n]+="$p "
     read_rates[$n]+="$r "
     [[ $n == 1 ]] && one_node_reads+=("$r")
@@ -141,6 +155,8 @@ last=$(awk '{ print $NF }' <<<"$node_counts")
 # shellcheck disable=SC2206
 first_reads=(${read_rates[$first]}) last_reads=(${read_rates[$last]})
 first_posts=(${post_rates[$first]}) last_posts=(${post_rates[$last]})
+first_post_cpu=(${post_cpu[$first]}) last_post_cpu=(${post_cpu[$last]})
+first_read_cpu=(${read_cpu[$first]}) last_read_cpu=(${read_cpu[$last]})
 goal_reads=()
 for ((i = 0; i < ${#one_node_reads[@]}; i++)); do goal_reads+=(20000); done
 
@@ -159,8 +175,16 @@ comparisons=$(
     bench_comparison "board reads/s: $last nodes vs $first (64 connections spread over the nodes)" "requests/s" true \
       "$last nodes" "$(bench_samples "${last_reads[@]}")" "$first node(s)" "$(bench_samples "${first_reads[@]}")" \
       1.0 "reads grow with nodes (every node shares the same 2 cores here)"
-    bench_comparison "board QUORUM posts/s: $last nodes vs $first (64 connections spread over the nodes)" "requests/s" true \
+    # With more nodes than copies, some nodes hold no copy and forward the
+    # listing (one more hop): the whole machine's CPU per read shows it.
+    bench_comparison "machine CPU per board read (list 10, ONE): $last nodes vs $first" "CPU µs/read" false \
+      "$last nodes" "$(bench_samples "${last_read_cpu[@]}")" "$first node(s)" "$(bench_samples "${first_read_cpu[@]}")"
+    # shellcheck disable=SC2086
+    bench_comparison "board QUORUM posts/s: $last nodes vs $first (64 connections spread over the nodes; RF $((last < 3 ? last : 3)) vs $((first < 3 ? first : 3)); machine CPU busy: $(bench_median ${post_busy[$last]})% vs $(bench_median ${post_busy[$first]})%)" "requests/s" true \
       "$last nodes" "$(bench_samples "${last_posts[@]}")" "$first node(s)" "$(bench_samples "${first_posts[@]}")"
+    # Where the post rate goes: the whole machine's CPU per post.
+    bench_comparison "machine CPU per board QUORUM post: $last nodes vs $first" "CPU µs/post" false \
+      "$last nodes" "$(bench_samples "${last_post_cpu[@]}")" "$first node(s)" "$(bench_samples "${first_post_cpu[@]}")"
   } | jq -s -c .
 )
 
@@ -173,7 +197,7 @@ jq -n --argjson comparisons "$comparisons" --argjson posts "$post_points" --argj
     params: { connections: $conns, seconds_per_load: $seconds, reps: $reps, cpus: $cpus, rf: 3,
               prefilled_messages: $prefill, read: "GET /boards/bench/messages?limit=10 (cl=ONE)",
               post: "POST /boards/bench/messages?cl=QUORUM",
-              bottleneck: "all nodes and load generators share the same CPUs: a node added brings replication work, not a core" },
+              bottleneck: "all nodes and load generators share the same CPUs: a node added brings replication work, not a core; RF is min(3, nodes), so one node stores each post once and 3 or more store it 3 times, and beyond 3 nodes some nodes hold no copy and forward reads (machine CPU per post and per read are compared)" },
     sweeps: [ { name: "board rate by node count", x_label: "nodes", y_label: "requests/s",
                 series: [ {label: "reads (list 10, ONE)", points: $reads}, {label: "posts (QUORUM)", points: $posts} ] } ],
     comparisons: $comparisons,
