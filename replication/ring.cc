@@ -22,15 +22,7 @@ uint64_t Ring::VnodeToken(std::string_view node_id, uint32_t index) {
   return XXH64(label.data(), label.size(), kRingSeed);
 }
 
-Status Ring::AddNode(std::string_view node_id) {
-  if (node_id.empty()) return Status::InvalidArgument("ring: empty node id");
-  if (options_.vnodes_per_node == 0) return Status::InvalidArgument("ring: vnodes per node must be > 0");
-  if (options_.replication_factor == 0) return Status::InvalidArgument("ring: replication factor must be > 0");
-  if (Contains(node_id)) return Status::AlreadyExists("ring: node " + std::string(node_id) + " already present");
-  node_ids_.insert(std::lower_bound(node_ids_.begin(), node_ids_.end(), node_id), std::string(node_id));
-  Rebuild();
-  return Status::Ok();
-}
+Status Ring::AddNode(std::string_view node_id) { return AddNodes({std::string(node_id)}); }
 
 Status Ring::AddNodes(const std::vector<std::string>& node_ids) {
   if (options_.vnodes_per_node == 0) return Status::InvalidArgument("ring: vnodes per node must be > 0");

@@ -203,7 +203,6 @@ struct BoardService::View {
   std::map<std::string, std::string> uris;  // node id -> URI
   std::map<std::string, bool> alive;
   replication::Ring ring;
-  replication::RingOptions ring_options;
   bool IsOwner(const std::string& tree) const {
     auto owners = ring.Owners(tree);
     return owners.empty() || std::find(owners.begin(), owners.end(), local_id) != owners.end();
@@ -350,14 +349,14 @@ std::shared_ptr<const BoardService::View> BoardService::CurrentView(bool may_blo
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   const replication::RingOptions ring_options{s->vnodes, s->replication_factor};
-  if (current->valid && current->ring_options.vnodes_per_node == ring_options.vnodes_per_node &&
-      current->ring_options.replication_factor == ring_options.replication_factor && current->ring.nodes() == ids) {
+  const replication::RingOptions& old_options = current->ring.options();
+  if (current->valid && old_options.vnodes_per_node == ring_options.vnodes_per_node &&
+      old_options.replication_factor == ring_options.replication_factor && current->ring.nodes() == ids) {
     v->ring = current->ring;  // the same members: no need to place 256 tokens per node again
   } else {
     v->ring = replication::Ring(ring_options);
     (void)v->ring.AddNodes(ids);
   }
-  v->ring_options = ring_options;
   std::lock_guard<std::mutex> lock(view_mu_);
   view_ = v;
   return v;
