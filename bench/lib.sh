@@ -174,6 +174,16 @@ bench_machine_cpu() {
     printf "%.3f %.3f\n", (t - $5 - $6) / hz, t / hz; exit }' /proc/stat
 }
 
+# bench_machine_cpu_used BEFORE AFTER [OPS] -> "BUSY_PCT US_PER_OP": from two
+# bench_machine_cpu readings, how busy the machine was in between (% of all
+# its CPUs) and its busy CPU microseconds per operation (0 without OPS > 0).
+bench_machine_cpu_used() {
+  awk -v before="$1" -v after="$2" -v ops="${3:-0}" 'BEGIN {
+    split(before, a, " "); split(after, b, " ")
+    busy = b[1] - a[1]; total = b[2] - a[2]
+    printf "%.3f %.3f\n", (total > 0) ? 100 * busy / total : 0, (ops > 0) ? 1e6 * busy / ops : 0 }'
+}
+
 # bench_kill PID... -> stops each PID (TERM, then KILL after ~2 s) and reaps it;
 # empty arguments are ignored, never fails.
 bench_kill() {

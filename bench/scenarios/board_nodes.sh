@@ -118,19 +118,16 @@ for ((rep = 1; rep <= reps; rep++)); do
     "$load" -n "$prefill" -c 4 -t 1 -k --json --method POST --body "$body" -H 'Content-Type: application/json' \
       "http://127.0.0.1:$port1/boards/bench/messages?cl=QUORUM" > /dev/null
     sleep 0.5  # replicas catch up before reads at ONE
-    read -r busy0 total0 < <(bench_machine_cpu)
+    # The whole machine's CPU over the posts and over the reads: how busy,
+    # and CPU us per request (rate x seconds requests).
+    before=$(bench_machine_cpu)
     p=$(spread "$n" POST "/boards/bench/messages?cl=QUORUM")
-    read -r busy1 total1 < <(bench_machine_cpu)
-    # The whole machine's CPU over the posts: how busy, and CPU us per post.
-    post_busy[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v ta="$total0" -v tb="$total1" \
-      'BEGIN { printf "%.1f", (tb > ta) ? 100 * (b - a) / (tb - ta) : 0 }') "
-    post_cpu[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v r="$p" -v s="$seconds" \
-      'BEGIN { printf "%.1f", (r > 0) ? 1e6 * (b - a) / (r * s) : 0 }') "
-    read -r busy0 total0 < <(bench_machine_cpu)
+    read -r busy us < <(bench_machine_cpu_used "$before" "$(bench_machine_cpu)" "$(awk -v r="$p" -v s="$seconds" 'BEGIN { print r * s }')")
+    post_busy[$n]+="$busy " post_cpu[$n]+="$us "
+    before=$(bench_machine_cpu)
     r=$(spread "$n" GET "/boards/bench/messages?limit=10")
-    read -r busy1 total1 < <(bench_machine_cpu)
-    read_cpu[$n]+="$(awk -v a="$busy0" -v b="$busy1" -v r="$r" -v s="$seconds" \
-      'BEGIN { printf "%.1f", (r > 0) ? 1e6 * (b - a) / (r * s) : 0 }') "
+    read -r busy us < <(bench_machine_cpu_used "$before" "$(bench_machine_cpu)" "$(awk -v r="$r" -v s="$seconds" 'BEGIN { print r * s }')")
+    read_cpu[$n]+="$us "
     bench_log "rep $rep, $n node(s): $p posts/s (machine CPU $(awk '{ print $NF }' <<<"${post_busy[$n]}")% busy," \
       "$(awk '{ print $NF }' <<<"${post_cpu[$n]}") µs per post), $r reads/s ($(awk '{ print $NF }' <<<"${read_cpu[$n]}") µs" \
       "per read; 64 connections over the nodes)"
@@ -142,11 +139,12 @@ for ((rep = 1; rep <= reps; rep++)); do
   done
 done
 
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 post_points="[" read_points="[" sep=""
 for n in $node_counts; do
-  post_points+="$sep[$n,$(median <<<"${post_rates[$n]}")]"
-  read_points+="$sep[$n,$(median <<<"${read_rates[$n]}")]"
+  # shellcheck disable=SC2086
+  post_points+="$sep[$n,$(bench_median ${post_rates[$n]})]"
+  # shellcheck disable=SC2086
+  read_points+="$sep[$n,$(bench_median ${read_rates[$n]})]"
   sep=","
 done
 post_points+="]" read_points+="]"

@@ -153,19 +153,16 @@ canopy_sample() {
   "$canopy" bench --node "$node" --cluster "$cluster" --secret-file "$work/secret" --tree "$tree" --cl ALL \
     --count $((trees * 2 > 10 ? trees * 2 : 10)) --trees "$trees" -c "$((trees < 16 ? trees : 16))" \
     --value-bytes "$value_bytes" > /dev/null || { bench_log "canopy warm-up failed"; return 1; }
-  read -r busy0 total0 < <(bench_machine_cpu)
+  before=$(bench_machine_cpu)
   out=$("$canopy" bench --node "$node" --cluster "$cluster" --secret-file "$work/secret" --tree "$tree" --cl "$cl" \
     --count "$n" -c "$c" --conns "$(conns_for "$c")" --trees "$trees" --value-bytes "$value_bytes" --json) ||
     { bench_log "canopy bench failed: $out"; return 1; }
-  read -r busy1 total1 < <(bench_machine_cpu)
   # The whole machine's CPU over the measured run (nodes, client, the rest):
   # how busy it was, and CPU microseconds per commit.
-  jq -c --argjson r "$rep" --arg l "$label" --argjson n "$n" \
-    --argjson busy "$(awk -v a="$busy0" -v b="$busy1" 'BEGIN { print b - a }')" \
-    --argjson total "$(awk -v a="$total0" -v b="$total1" 'BEGIN { print b - a }')" \
+  read -r busy us < <(bench_machine_cpu_used "$before" "$(bench_machine_cpu)" "$n")
+  jq -c --argjson r "$rep" --arg l "$label" --argjson busy "$busy" --argjson us "$us" \
     '{label: $l, rep: $r, clients, conns, trees, commits_per_s, p50_us, p99_us, p999_us,
-      machine_cpu_busy_pct: (if $total > 0 then 100 * $busy / $total else null end),
-      machine_cpu_us_per_commit: (1e6 * $busy / $n), canopy_bench: .}' \
+      machine_cpu_busy_pct: $busy, machine_cpu_us_per_commit: $us, canopy_bench: .}' \
     <<<"$out" | tee -a "$runs"
 }
 
