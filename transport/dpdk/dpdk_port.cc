@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "base/logging.h"
+#include "transport/dpdk/burst_fault_guard.h"
 
 namespace canopy::transport::dpdk {
 namespace {
@@ -133,6 +134,28 @@ void ReleasePin(void* /*addr*/, void* opaque) {
   pin->~TxPin();
 }
 
+// One rx or tx burst on queue 0, in the shape RunGuardedBurst calls.
+struct BurstCall {
+  uint16_t port;
+  rte_mbuf** mbufs;
+  uint16_t count;
+};
+uint16_t RxBurstCall(void* arg) {
+  auto* c = static_cast<BurstCall*>(arg);
+  return rte_eth_rx_burst(c->port, 0, c->mbufs, c->count);
+}
+uint16_t TxBurstCall(void* arg) {
+  auto* c = static_cast<BurstCall*>(arg);
+  return rte_eth_tx_burst(c->port, 0, c->mbufs, c->count);
+}
+// Called from the SIGSEGV handler: for net_memif (primary process) this is a
+// load of the link word that memif_disconnect clears before it unmaps.
+bool LinkDown(void* arg) {
+  rte_eth_link link{};
+  if (rte_eth_link_get_nowait(static_cast<BurstCall*>(arg)->port, &link) != 0) return false;
+  return link.link_status == RTE_ETH_LINK_DOWN;
+}
+
 // Registers the calling application thread with the EAL once (an lcore id of
 // its own, so mbuf allocation uses a per-thread mempool cache).
 void RegisterPollingThread() {
@@ -238,6 +261,9 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
   port->multi_seg_ = (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS) != 0;
   // Drivers that copy frames with the CPU can take mbufs pointing at any memory.
   port->zero_copy_tx_ = port->multi_seg_ && (memif || driver == "net_af_packet");
+  // memif unmaps its shared memory when the peer dies, with no wait for a
+  // burst in progress (burst_fault_guard.h).
+  port->guard_bursts_ = memif;
   uint32_t port_max = info.max_mtu > 0 ? info.max_mtu : UINT32_MAX;
   if (info.max_rx_pktlen > RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN) {
     port_max = std::min<uint32_t>(port_max, info.max_rx_pktlen - RTE_ETHER_HDR_LEN - RTE_ETHER_CRC_LEN);
@@ -529,7 +555,7 @@ bool DpdkPort::PollOnce() {
   rte_mbuf* rx[kBurst];
   RefreshSnapshot();
   uint64_t now = NowNanos();
-  uint16_t n = rte_eth_rx_burst(port_id_, 0, rx, kBurst);
+  uint16_t n = RxBurst(rx, kBurst);
   for (uint16_t i = 0; i < n; ++i) {
     HandleFrame(rx[i], now);
     rte_pktmbuf_free(rx[i]);
@@ -927,6 +953,30 @@ bool DpdkPort::Emit(const ConnState& conn, const MacAddress& dst_mac, const Segm
   return true;
 }
 
+uint16_t DpdkPort::RxBurst(rte_mbuf** rx, uint16_t count) {
+  if (!guard_bursts_) return rte_eth_rx_burst(port_id_, 0, rx, count);
+  BurstCall call{port_id_, rx, count};
+  uint16_t n = 0;
+  if (!RunGuardedBurst(RxBurstCall, LinkDown, &call, &n)) NoteAbandonedBurst("rx");
+  return n;
+}
+
+uint16_t DpdkPort::TxBurst(rte_mbuf** tx, uint16_t count, bool* abandoned) {
+  if (!guard_bursts_) return rte_eth_tx_burst(port_id_, 0, tx, count);
+  BurstCall call{port_id_, tx, count};
+  uint16_t n = 0;
+  *abandoned = !RunGuardedBurst(TxBurstCall, LinkDown, &call, &n);
+  if (*abandoned) NoteAbandonedBurst("tx");
+  return n;
+}
+
+void DpdkPort::NoteAbandonedBurst(const char* direction) {
+  CANOPY_LOG(kWarn,
+             "dpdk: {}: the {} burst faulted after the driver unmapped the memory shared with its peer (peer gone; "
+             "{} bursts abandoned in this process); its connections fail once the peer stays silent",
+             name_, direction, AbandonedBursts());
+}
+
 void DpdkPort::Enqueue(rte_mbuf* m) {
   tx_pending_.push_back(m);
   ++frames_enqueued_;
@@ -942,8 +992,11 @@ void DpdkPort::FlushTx(uint64_t now) {
   size_t sent = 0;
   while (sent < tx_pending_.size()) {
     uint16_t want = static_cast<uint16_t>(std::min<size_t>(kBurst, tx_pending_.size() - sent));
-    uint16_t n = rte_eth_tx_burst(port_id_, 0, tx_pending_.data() + sent, want);
-    sent += n;
+    bool abandoned = false;
+    uint16_t n = TxBurst(tx_pending_.data() + sent, want, &abandoned);
+    // An abandoned burst consumed an unknown part of its mbufs: forget them
+    // all (never free one twice); the connections fail on peer silence.
+    sent += abandoned ? want : n;
     if (n < want) break;
   }
   if (sent > 0) {

@@ -151,6 +151,12 @@ class DpdkPort : private SegmentOutput {
   void SendRst(const SegmentHeader& to, uint32_t src_ip, uint16_t src_port, const MacAddress& src_mac,
                uint32_t dst_ip, uint16_t dst_port);
   void FlushTx(uint64_t now);
+  // Bursts on queue 0; on ports whose driver may unmap memory under a burst
+  // (guard_bursts_), run under RunGuardedBurst. *abandoned: the burst faulted
+  // and consumed an unknown part of `tx` (the caller drops them all unfreed).
+  uint16_t RxBurst(rte_mbuf** rx, uint16_t count);
+  uint16_t TxBurst(rte_mbuf** tx, uint16_t count, bool* abandoned);
+  void NoteAbandonedBurst(const char* direction);
   void Enqueue(rte_mbuf* m);
   uint32_t NewConnIdLocked();
   Result<uint16_t> FreeUdpPortLocked();
@@ -170,6 +176,7 @@ class DpdkPort : private SegmentOutput {
   uint32_t mss_ = 1352;
   bool multi_seg_ = false;
   bool zero_copy_tx_ = false;
+  bool guard_bursts_ = false;  // net_memif: see burst_fault_guard.h
   ChecksumMode checksum_ = ChecksumMode::kSoftware;
   MacAddress mac_;
   rte_mempool* pool_ = nullptr;
