@@ -23,9 +23,9 @@
 //     SACKed). Sparse loss (a single segment, or at most 1 in 32 of a
 //     window) is recovered without a cut, so a lossy link degrades smoothly.
 //     Beyond that a loss episode (at most one per window) halves it when the
-//     RTT shows a standing queue (srtt over 4x the minimum RTT: the loss is
-//     congestive) and takes 15% off otherwise; a timeout halves it. Never
-//     below kMinCwndSegments segments.
+//     losses come in a burst (more than 1 in 8 segments of the window: a
+//     queue overflowed) and takes 15% off when they are scattered (a lossy
+//     link); a timeout halves it. Never below kMinCwndSegments segments.
 //   - Zero-copy transmit: the port may point frames straight into the send
 //     ring (ByteRing pins); acked bytes are released once no frame pins them.
 //   - Liveness: idle ends send keepalive probes; nothing heard from the peer
@@ -193,7 +193,7 @@ class ConnState {
     uint64_t loss_probes = 0;  // tail loss probes sent
     uint64_t timeouts = 0;     // retransmission timer expiries
     uint64_t window_cuts = 0;  // congestion-window reductions, of which
-    uint64_t congestive_cuts = 0;  // halvings (timeout or standing queue)
+    uint64_t congestive_cuts = 0;  // halvings (timeout or a burst of losses)
   };
   Counters counters() const;
 
@@ -293,8 +293,6 @@ class ConnState {
   uint64_t loss_window_end_ = 0;  // losses are counted per window, up to here
   uint64_t window_losses_ = 0;
   uint64_t sacked_bytes_ = 0;  // bytes of inflight_ segments SACKed
-  uint64_t min_rtt_ns_ = 0;
-  uint64_t min_rtt_stamp_ns_ = 0;
   uint64_t last_ack_ns_ = 0;  // when the peer last acked or SACKed new bytes
   bool probe_sent_ = false;   // a tail loss probe is out since then
   uint64_t frames_sent_ = 0;
