@@ -198,7 +198,7 @@ uint16_t Ipv4UdpSum(const rte_mbuf* m, const rte_ipv4_hdr* ip, uint32_t off, uin
       continue;
     }
     const uint32_t piece = std::min(seg_len - off, len - done);
-    uint16_t folded = rte_raw_cksum(rte_pktmbuf_mtod_offset(seg, const char*, off), piece);
+    uint16_t folded = RawOnesSum(rte_pktmbuf_mtod_offset(seg, const char*, off), piece);
     if (done & 1) folded = rte_bswap16(folded);  // its bytes sit at odd positions of the whole
     sum += folded;
     done += piece;

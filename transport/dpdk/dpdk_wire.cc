@@ -1,6 +1,7 @@
 #include "transport/dpdk/dpdk_wire.h"
 
 #include <charconv>
+#include <cstring>
 #include <cstdio>
 #include <set>
 
@@ -17,7 +18,44 @@ uint16_t HeaderCheck(const char* p, size_t n) {
   return static_cast<uint16_t>(~sum & 0xffff);
 }
 
+// Adds v to the 64-bit ones'-complement sum s (end-around carry).
+inline void AddOnes(uint64_t& s, uint64_t v) {
+  s += v;
+  s += s < v ? 1 : 0;
+}
+
+inline uint64_t Load64(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
 }  // namespace
+
+uint16_t RawOnesSum(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t a = 0, b = 0, c = 0, d = 0;
+  for (; n >= 32; p += 32, n -= 32) {
+    AddOnes(a, Load64(p));
+    AddOnes(b, Load64(p + 8));
+    AddOnes(c, Load64(p + 16));
+    AddOnes(d, Load64(p + 24));
+  }
+  for (; n >= 8; p += 8, n -= 8) AddOnes(a, Load64(p));
+  if (n > 0) {
+    uint64_t tail = 0;  // the last bytes in place, zero-padded
+    std::memcpy(&tail, p, n);
+    AddOnes(a, tail);
+  }
+  AddOnes(a, b);
+  AddOnes(a, c);
+  AddOnes(a, d);
+  // Fold 64 -> 32 -> 16 bits, carries wrapped around at each step.
+  uint64_t s = (a & 0xffffffffu) + (a >> 32);
+  s = (s & 0xffffffffu) + (s >> 32);
+  while (s >> 16) s = (s & 0xffff) + (s >> 16);
+  return static_cast<uint16_t>(s);
+}
 
 void EncodeSegmentHeader(const SegmentHeader& h, char* out) {
   EncodeFixed16(out + 0, kSegmentMagic);
