@@ -12,15 +12,17 @@
 # backend does not use those (it answers ARP for its own addresses), so give
 # dpdk:// other addresses on the same wire, e.g.:
 #
+#   af=framesz=16384,blocksz=16384,framecnt=2048
 #   ip netns exec canopy-a build/tools/bench/bench --server --transport dpdk --bind 10.9.1.1 --port 7000 \
-#       --transport-arg '--no-huge --no-pci --file-prefix=a --vdev=net_af_packet0,iface=canopy-va'
+#       --transport-arg "--no-huge --no-pci --file-prefix=a --vdev=net_af_packet0,iface=canopy-va,$af"
 #   ip netns exec canopy-b build/tools/bench/bench --transport dpdk --port 7000 \
-#       --transport-arg '--no-huge --no-pci --file-prefix=b --vdev=net_af_packet0,iface=canopy-vb ip=10.9.1.2' 10.9.1.1
+#       --transport-arg "--no-huge --no-pci --file-prefix=b --vdev=net_af_packet0,iface=canopy-vb,$af ip=10.9.1.2" 10.9.1.1
 #
 # (--transport-arg is split on spaces into TransportOptions::backend_args;
-# rcopy takes the same flag). The veth MTU of 9000 serves tcp://; DPDK's
-# net_af_packet reports a 1518-byte frame limit, so dpdk:// runs at MTU 1500
-# here (jumbo frames need a real NIC, see hw/DPDK.md).
+# rcopy takes the same flag). The veth MTU of 9000 serves tcp://, and
+# dpdk:// too: net_af_packet reports a 1518-byte frame limit, but canopy
+# sends frames up to its ring frame size (framesz=16384 above) within the
+# interface's MTU (hw/DPDK.md); with the default framesz it runs at ~2 KB.
 set -euo pipefail
 
 die() { echo "netns-testbed.sh: $*" >&2; exit 1; }
