@@ -199,7 +199,7 @@ for ((rep = 1; rep <= reps; rep++)); do
     cpu: .end.cpu_utilization_percent}' <<<"$iout" >> "$runs"
   if ((dpdk_ok)); then
     if d=$(bench_bw "$ns_b" "bench dpdk:// -s $dpdk_msg" --transport dpdk -p "$(cat "$work/dpdk.port")" -s "$dpdk_msg" \
-        -t "$secs" --transport-arg "$eal --file-prefix=$prefix-c$rep --vdev=net_af_packet0,iface=$if_b ip=10.9.1.2" 10.9.1.1); then
+        -t "$secs" --transport-arg "$eal --file-prefix=$prefix-c$rep --vdev=net_af_packet0,iface=$if_b,$af_opts ip=10.9.1.2" 10.9.1.1); then
       bd+=("$d")
       btd+=("$(bench_bw "$ns_b" "bench tcp:// -s $dpdk_msg" -p "$tcp_port" -s "$dpdk_msg" -t "$secs" "$ip_a")")
     else
