@@ -1,5 +1,6 @@
 #include "transport/dpdk/dpdk_wire.h"
 
+#include <bit>
 #include <charconv>
 #include <cstring>
 #include <cstdio>
@@ -10,12 +11,13 @@
 namespace canopy::transport::dpdk {
 namespace {
 
-// RFC 1071 ones'-complement sum of n bytes (n even: the header is 56 + 16k).
+// RFC 1071 checksum of n bytes (n even: the header is 56 + 16k) as
+// little-endian 16-bit words, inverted. A ones'-complement sum commutes with
+// byte swapping, so on a big-endian host the native-word sum is swapped.
 uint16_t HeaderCheck(const char* p, size_t n) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i + 1 < n; i += 2) sum += DecodeFixed16(p + i);
-  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-  return static_cast<uint16_t>(~sum & 0xffff);
+  uint16_t sum = RawOnesSum(p, n);
+  if constexpr (std::endian::native == std::endian::big) sum = static_cast<uint16_t>((sum >> 8) | (sum << 8));
+  return static_cast<uint16_t>(~sum);
 }
 
 // Adds v to the 64-bit ones'-complement sum s (end-around carry).
