@@ -24,6 +24,9 @@ namespace {
 
 constexpr size_t kMaxChunk = size_t{1} << 30;  // per sendfile/splice call
 constexpr size_t kCopyChunk = size_t{256} << 10;
+// Receive reserves (address space only) at most this much of an announced
+// payload before its bytes arrive.
+constexpr size_t kPayloadReserveMax = size_t{8} << 20;
 
 Status ClosedLocally() { return Status::Aborted("connection was closed locally (Close())"); }
 
@@ -480,14 +483,20 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
     rx_begin_ += kFrameHeaderSize;
     rx_header_ = *header;
     rx_payload_.clear();
+    // Address space for the announced length, up to kPayloadReserveMax:
+    // reserving touches no page, so a header alone still costs no memory,
+    // and the buffer below grows inside this capacity without a copy.
+    rx_payload_.reserve(std::min<size_t>(rx_header_.payload_len, kPayloadReserveMax));
     rx_payload_filled_ = 0;
     rx_in_payload_ = true;
   }
-  // The buffer grows with the bytes that arrive, never to the announced
-  // length up front: a header alone must not make us allocate (and zero) up
-  // to max_message_bytes per connection. It at least doubles, and jumps to
-  // cover every byte already here (buffered, or queued in the socket), so a
-  // message that has arrived whole is allocated once and never re-copied.
+  // The buffer's size (the bytes zeroed, so touched) grows with the bytes
+  // that arrive, never to the announced length up front: a header alone
+  // must not make us allocate and zero up to max_message_bytes per
+  // connection. It at least doubles, and jumps to cover every byte already
+  // here (buffered, or queued in the socket). Within the reserved capacity
+  // growing copies nothing; past it (messages above kPayloadReserveMax) the
+  // doubling keeps the copies to about one per byte.
   while (rx_payload_filled_ < rx_header_.payload_len) {
     const size_t floor = std::max<size_t>(rx_payload_filled_ * 2, size_t{64} << 10);
     size_t target = rx_header_.payload_len;
