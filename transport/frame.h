@@ -53,4 +53,11 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payl
 // Corruption if the payload does not match the header's length and CRC.
 Status VerifyFramePayload(const FrameHeader& header, std::string_view payload);
 
+// How much of an announced payload a receiver reserves (capacity: address
+// space, no page touched) when the header arrives, before the bytes do. The
+// bytes it zeroes or fills still grow only with what arrived, so a header
+// alone costs no memory; a payload up to this size then grows in place, with
+// no copy of what arrived so far.
+inline constexpr size_t kPayloadReserveMax = size_t{8} << 20;
+
 }  // namespace canopy::transport

@@ -95,6 +95,9 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       if (!decoded.ok()) return decoded.status();
       frame_ = *decoded;
       payload_.clear();  // grows with the bytes that arrive (see below)
+      // Capacity for the announced length, up to kPayloadReserveMax (frame.h):
+      // no page touched, and the growth below copies nothing within it.
+      payload_.reserve(std::min<size_t>(frame_.payload_len, kPayloadReserveMax));
       payload_have_ = 0;
     }
   }
@@ -106,11 +109,12 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       return Status::Corruption(fmt::format("rdma: {} item in the middle of a {}-byte payload",
                                             ItemKindName(item->kind), frame_.payload_len));
     }
-    // The buffer grows with the bytes that arrive, never to the announced
-    // length up front: a header alone must not make us allocate (and zero) up
-    // to max_message_bytes (the same rule as the TCP backend). It at least
-    // doubles (from 64 KiB) and jumps to cover every byte already queued, so
-    // a frame that has arrived whole is allocated once and never re-copied.
+    // The buffer's size (the bytes zeroed, so touched) grows with the bytes
+    // that arrive, never to the announced length up front: a header alone
+    // must not make us allocate and zero up to max_message_bytes (the same
+    // rule as the TCP backend). It at least doubles (from 64 KiB) and jumps
+    // to cover every byte already queued; within the reserved capacity that
+    // growth copies nothing.
     if (payload_.size() == payload_have_) {
       const size_t arrived = payload_have_ + stream.QueuedDataBytes();
       const size_t target = std::min<size_t>(

@@ -24,9 +24,6 @@ namespace {
 
 constexpr size_t kMaxChunk = size_t{1} << 30;  // per sendfile/splice call
 constexpr size_t kCopyChunk = size_t{256} << 10;
-// Receive reserves (address space only) at most this much of an announced
-// payload before its bytes arrive.
-constexpr size_t kPayloadReserveMax = size_t{8} << 20;
 
 Status ClosedLocally() { return Status::Aborted("connection was closed locally (Close())"); }
 
@@ -483,9 +480,7 @@ Result<Message> TcpConnection::Receive(Deadline deadline) {
     rx_begin_ += kFrameHeaderSize;
     rx_header_ = *header;
     rx_payload_.clear();
-    // Address space for the announced length, up to kPayloadReserveMax:
-    // reserving touches no page, so a header alone still costs no memory,
-    // and the buffer below grows inside this capacity without a copy.
+    // Capacity for the announced length, up to kPayloadReserveMax (frame.h).
     rx_payload_.reserve(std::min<size_t>(rx_header_.payload_len, kPayloadReserveMax));
     rx_payload_filled_ = 0;
     rx_in_payload_ = true;
