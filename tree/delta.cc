@@ -133,6 +133,18 @@ Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded) {
   return h;
 }
 
+Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix) {
+  if (prefix.size() < 8) return Status::Corruption("delta header of " + std::to_string(prefix.size()) + " bytes");
+  const uint32_t magic = DecodeFixed32(prefix.data());
+  if (magic != kDeltaMagic && magic != kDeltaWithRequestMagic) return Status::Corruption("delta: bad magic");
+  ByteReader r(prefix.substr(8));
+  DeltaHeader h;
+  CANOPY_ASSIGN_OR_RETURN(h.tree, r.ReadLengthPrefixed());
+  CANOPY_ASSIGN_OR_RETURN(h.base_version, r.ReadFixed64());
+  CANOPY_ASSIGN_OR_RETURN(h.new_version, r.ReadFixed64());
+  return h;
+}
+
 Result<Delta> DecodeDelta(std::string_view encoded) {
   uint32_t magic = 0;
   CANOPY_ASSIGN_OR_RETURN(std::string_view body, CheckedDeltaBody(encoded, &magic));

@@ -109,6 +109,18 @@ struct DeltaHeader {
 // DecodeDelta.
 Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded);
 
+// How many leading bytes of an encoding PeekDeltaHeader needs at most (a
+// tree name is at most 200 bytes: Store::ValidateTreeName).
+inline constexpr size_t kDeltaPeekBytes = 256;
+// Reads tree and versions from the first bytes of an encoding (`prefix`:
+// its first kDeltaPeekBytes bytes, or all of it if shorter), checking the
+// magic and the bounds only: no length match, no CRC. For a scan that
+// passes over the records it will not use unread (a WAL read for the
+// deltas after a version skips those at or before it); any record that is
+// used is checked whole with DecodeDeltaHeader or DecodeDelta. Corruption
+// if the prefix does not hold a delta's header.
+Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix);
+
 // Applies `ops` in order to `root` by path copying and returns the new root;
 // `root` itself is never modified. InvalidArgument (naming the op and path) if
 // an op addresses a node or child index that does not exist, or deletes a

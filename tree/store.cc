@@ -861,7 +861,7 @@ class StoreImpl final : public Store {
               if (bytes >= max_bytes || expected_base >= latest) return stop;
               return Status::Ok();
             },
-            start, /*headers_only=*/true);
+            start, /*headers_only=*/true, /*skip_through_version=*/expected_base);
         if (start == 0 || out.size() > had) break;
         start = 0;  // the cursor led nowhere (stale): read the segment whole
       }

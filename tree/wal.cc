@@ -81,14 +81,14 @@ Result<std::string_view> BufferedFileReader::Peek(size_t n) {
       pos_ = 0;
       end_ = have;
     }
-    // Read ahead up to 1 MiB, but not past the end of the data: a scan that
-    // starts near the end (a replica stream's next delta) must not allocate
-    // and zero a megabyte for a few hundred bytes.
+    // Read ahead up to read_ahead_ bytes, but not past the end of the data:
+    // a scan that starts near the end (a replica stream's next delta) must
+    // not allocate and zero a megabyte for a few hundred bytes.
     const uint64_t left = end_of_data_ > file_pos_ ? end_of_data_ - file_pos_ : 0;
-    size_t want = std::max<size_t>(n, static_cast<size_t>(std::min<uint64_t>(have + left, 1 << 20)));
+    size_t want = std::max<size_t>(n, static_cast<size_t>(std::min<uint64_t>(have + left, read_ahead_)));
     if (buf_.size() < want) buf_.resize(want);
     while (end_ < n && file_pos_ < limit_) {
-      size_t room = buf_.size() - end_;
+      size_t room = want - end_;
       if (limit_ - file_pos_ < room) room = static_cast<size_t>(limit_ - file_pos_);
       CANOPY_ASSIGN_OR_RETURN(size_t got, ReadSome(fd_.get(), buf_.data() + end_, room, path_));
       if (got == 0) break;
@@ -104,6 +104,14 @@ void BufferedFileReader::Skip(size_t n) {
   offset_ += n;
 }
 
+Status BufferedFileReader::Advance(uint64_t n) {
+  if (n <= end_ - pos_) {
+    Skip(static_cast<size_t>(n));
+    return Status::Ok();
+  }
+  return SeekTo(offset_ + n);
+}
+
 Status BufferedFileReader::SeekTo(uint64_t offset) {
   if (::lseek(fd_.get(), static_cast<off_t>(offset), SEEK_SET) < 0) {
     return ErrnoStatus(errno, "lseek " + path_);
@@ -115,10 +123,13 @@ Status BufferedFileReader::SeekTo(uint64_t offset) {
 
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
-                                uint64_t start_offset, bool headers_only) {
+                                uint64_t start_offset, bool headers_only, uint64_t skip_through_version) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path, limit);
   if (start_offset > 0) CANOPY_RETURN_IF_ERROR(in.SeekTo(start_offset));
+  // Passing over records: read little ahead, so that a big record's body
+  // is skipped by a seek rather than read into the buffer first.
+  if (skip_through_version > 0) in.set_read_ahead(kSkipReadAheadBytes);
   SegmentScan scan;
   scan.valid_bytes = start_offset;
   for (;;) {
@@ -141,6 +152,15 @@ Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
       torn("record length " + std::to_string(len) + " does not fit the " + std::to_string(in.remaining()) +
            " bytes left");
       break;
+    }
+    if (skip_through_version > 0) {
+      CANOPY_ASSIGN_OR_RETURN(std::string_view prefix, in.Peek(std::min<size_t>(len, kDeltaPeekBytes)));
+      auto header = PeekDeltaHeader(prefix);
+      if (header.ok() && header->new_version <= skip_through_version) {
+        CANOPY_RETURN_IF_ERROR(in.Advance(len));
+        scan.valid_bytes = in.offset();
+        continue;
+      }
     }
     CANOPY_ASSIGN_OR_RETURN(std::string_view rec, in.Peek(len));
     if (rec.size() < len) {

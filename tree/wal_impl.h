@@ -33,8 +33,14 @@ class BufferedFileReader {
   // Up to n bytes from the current position (fewer only at end of file/limit).
   Result<std::string_view> Peek(size_t n);
   void Skip(size_t n);
-  // Moves to file offset `offset` (before the first Peek only).
+  // Moves past the next n bytes, buffered or not: those not buffered are
+  // never read (the next Peek reads from the file after them).
+  Status Advance(uint64_t n);
+  // Moves to file offset `offset`, dropping what is buffered.
   Status SeekTo(uint64_t offset);
+  // A Peek that must read reads up to this many bytes ahead (default 1 MiB;
+  // more when the Peek asks for more).
+  void set_read_ahead(size_t bytes) { read_ahead_ = bytes; }
   uint64_t offset() const { return offset_; }
   // Bytes from the current position to the end of the file (or the limit),
   // as of when the reader was made: what a length field may claim at most.
@@ -47,9 +53,13 @@ class BufferedFileReader {
   uint64_t end_of_data_ = 0;  // min(file size, limit)
   uint64_t offset_ = 0;       // file offset of buf_[pos_]
   uint64_t file_pos_ = 0;     // file offset of the next read
+  size_t read_ahead_ = 1 << 20;
   std::string buf_;
   size_t pos_ = 0, end_ = 0;  // valid bytes are buf_[pos_, end_)
 };
+
+// ScanSegment's read-ahead while it passes over records (skip_through_version).
+inline constexpr size_t kSkipReadAheadBytes = 64 << 10;
 
 struct WalSegment {
   uint64_t first_version = 0;  // new_version of its first record
@@ -75,9 +85,17 @@ struct SegmentScan {
 // With `headers_only` each record is checked by DecodeDeltaHeader (magic,
 // length, CRC) and `delta` carries only its tree and versions (no ops): for
 // scans that hand records on whole, which then copy no values.
+// With `skip_through_version` > 0, a record whose header (PeekDeltaHeader)
+// says new_version <= skip_through_version is passed over unread: neither
+// its body nor its CRC is read, and `record` is not called. Its length
+// field alone finds the next record, which is checked as usual, so a
+// damaged length still ends the scan as torn; valid_bytes counts passed-
+// over records as good. For a read of the deltas after a version, which
+// found it cost a read and a CRC of every byte before them.
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
-                                uint64_t start_offset = 0, bool headers_only = false);
+                                uint64_t start_offset = 0, bool headers_only = false,
+                                uint64_t skip_through_version = 0);
 
 // Appends records to the active segment of one tree. Not thread-safe: the
 // owner serialises calls (the tree mutex).
