@@ -24,9 +24,10 @@ print("memory per node: %.1f B (%d nodes with an 8-byte attribute, RSS +%.1f MiB
       % (m["bytes_per_node"], m["nodes"], m["rss_delta_bytes"] / 2**20))
 for k in ("snapshot", "snapshot_small_nodes"):
     s = r[k]
-    print("%s: %.0f MB, %d nodes, %d blocks: send %.2f GB/s, usable %.2f GB/s, memcpy %.2f GB/s"
-          " (encode %.2f, decode every node %.2f GB/s; same run)"
-          % (k, s["bytes"] / 1e6, s["nodes"], s["chunks"], s["send_gbps"], s["usable_gbps"], s["memcpy_gbps"],
+    print("%s: %.0f MB, %d nodes, %d blocks: send %.2f GB/s (memcpy in the same pieces %.2f), usable %.2f GB/s,"
+          " memcpy %.2f GB/s (encode %.2f, decode every node %.2f GB/s; same run)"
+          % (k, s["bytes"] / 1e6, s["nodes"], s["chunks"], s["send_gbps"], s["memcpy_pieces_gbps"], s["usable_gbps"],
+             s["memcpy_gbps"],
              s["encode_gbps"], s["touch_all_gbps"]))
 i = r["install"]
 print("snapshot install: %.2f GB/s; writing the same %.0f MB + one fsync: %.2f GB/s (same run, on %s)"
