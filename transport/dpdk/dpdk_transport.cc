@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -87,8 +88,12 @@ class DpdkConnection final : public Connection {
     msg.type = decoded->type;
     // Appended straight from the receive ring: resize() first would zero
     // the whole payload only for the copy to overwrite it (5.6% of a
-    // receiver's CPU at 1 MiB messages).
-    msg.payload.reserve(decoded->payload_len);
+    // receiver's CPU at 1 MiB messages). Capacity is reserved as tcp:// does
+    // (frame.h, kPayloadReserveMax): the announced length up to 8 MiB, so
+    // that a peer announcing max_message_bytes and sending nothing more
+    // does not make us claim that much address space (refused outright under
+    // strict overcommit); a bigger payload grows as it arrives.
+    msg.payload.reserve(std::min<size_t>(decoded->payload_len, kPayloadReserveMax));
     while (msg.payload.size() < decoded->payload_len) {
       auto got = conn_->ReadWith(
           decoded->payload_len - msg.payload.size(),
