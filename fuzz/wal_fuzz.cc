@@ -26,13 +26,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The version passed over: taken from the input's last byte, so that the
   // fuzzer steers it (records of the seed corpus have small versions).
   const uint64_t skip_through = size > 0 ? data[size - 1] % 8 : 0;
+  uint64_t end = 0;
   auto skipping = tree::ScanSegment(
       path, UINT64_MAX,
-      [](const tree::Delta&, std::string_view record) {
+      [&](const tree::Delta&, std::string_view record) {
         if (!tree::DecodeDeltaHeader(record).ok()) std::abort();  // handed on unchecked
+        // It is the file's bytes that end where the scan says.
+        if (end > size || record.size() > end ||
+            std::string_view(reinterpret_cast<const char*>(data) + (end - record.size()), record.size()) != record) {
+          std::abort();
+        }
         return Status::Ok();
       },
-      0, /*headers_only=*/true, skip_through);
+      0, /*headers_only=*/true, skip_through, &end);
   ::unlink(path.c_str());  // one file per process, gone between inputs: a run leaves nothing behind
   if (skipping.ok() && skipping->valid_bytes > size) std::abort();
   return 0;

@@ -13,6 +13,7 @@
 #include "base/file.h"
 #include "tests/testing/test_util.h"
 #include "tree/store.h"
+#include "tree/wal_impl.h"
 
 namespace canopy::tree {
 namespace {
@@ -560,6 +561,27 @@ TEST(TreeStore, ReadDeltasSincePassesOverEarlierRecordsUnread) {
     ASSERT_EQ(::pwrite(fd->get(), &c, 1, static_cast<off_t>(offset)), 1);
   };
   auto from = [&](uint64_t version) { return std::vector<std::string>(written.begin() + version, written.end()); };
+  // The scan says where each record it hands on ends (where a later read
+  // resumes), counting the records it passed over.
+  {
+    std::vector<uint64_t> ends;
+    uint64_t end = 0;
+    auto scan = ScanSegment(
+        wals[0], UINT64_MAX,
+        [&](const Delta& d, std::string_view record) {
+          EXPECT_EQ(record, written[d.new_version - 1]);
+          ends.push_back(end);
+          return Status::Ok();
+        },
+        0, /*headers_only=*/true, /*skip_through_version=*/11, &end);
+    ASSERT_TRUE(scan.ok()) << scan.status().ToString();
+    ASSERT_EQ(ends.size(), 29u);  // versions 12..40
+    uint64_t want = at + written[10].size();
+    for (size_t i = 0; i < ends.size(); ++i) {
+      want += written[11 + i].size();
+      EXPECT_EQ(ends[i], want) << i;
+    }
+  }
   // 1. A flipped byte in the value of version 11's record.
   flip(at + written[10].size() / 2);
   for (uint64_t version : {11u, 12u, 25u, 38u}) {

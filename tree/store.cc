@@ -846,11 +846,10 @@ class StoreImpl final : public Store {
       Result<SegmentScan> scan = SegmentScan{};
       for (;;) {
         const size_t had = out.size();
-        uint64_t pos = start;
+        uint64_t pos = 0;  // just past the record handed to the callback (ScanSegment sets it)
         scan = ScanSegment(
             seg.path, seg.bytes,
             [&](const Delta& d, std::string_view enc) -> Status {
-              pos += enc.size();
               if (d.new_version <= expected_base) return Status::Ok();
               if (d.base_version != expected_base) return stop;
               out.emplace_back(enc);
@@ -861,7 +860,7 @@ class StoreImpl final : public Store {
               if (bytes >= max_bytes || expected_base >= latest) return stop;
               return Status::Ok();
             },
-            start, /*headers_only=*/true, /*skip_through_version=*/expected_base);
+            start, /*headers_only=*/true, /*skip_through_version=*/expected_base, &pos);
         if (start == 0 || out.size() > had) break;
         start = 0;  // the cursor led nowhere (stale): read the segment whole
       }

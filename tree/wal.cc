@@ -123,7 +123,8 @@ Status BufferedFileReader::SeekTo(uint64_t offset) {
 
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
-                                uint64_t start_offset, bool headers_only, uint64_t skip_through_version) {
+                                uint64_t start_offset, bool headers_only, uint64_t skip_through_version,
+                                uint64_t* record_end) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   BufferedFileReader in(std::move(fd), path, limit);
   if (start_offset > 0) CANOPY_RETURN_IF_ERROR(in.SeekTo(start_offset));
@@ -184,6 +185,7 @@ Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
       torn(delta.status().message());
       break;
     }
+    if (record_end != nullptr) *record_end = in.offset() + len;
     CANOPY_RETURN_IF_ERROR(record(*delta, rec));
     in.Skip(len);
     scan.valid_bytes = in.offset();

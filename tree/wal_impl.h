@@ -92,10 +92,14 @@ struct SegmentScan {
 // damaged length still ends the scan as torn; valid_bytes counts passed-
 // over records as good. For a read of the deltas after a version, which
 // found it cost a read and a CRC of every byte before them.
+// With `record_end` set, *record_end is the file offset just past each
+// record when `record` is called for it (where a later scan may start: a
+// caller cannot count it from the records it is handed once some are passed
+// over).
 Result<SegmentScan> ScanSegment(const std::string& path, uint64_t limit,
                                 const std::function<Status(const Delta&, std::string_view)>& record,
                                 uint64_t start_offset = 0, bool headers_only = false,
-                                uint64_t skip_through_version = 0);
+                                uint64_t skip_through_version = 0, uint64_t* record_end = nullptr);
 
 // Appends records to the active segment of one tree. Not thread-safe: the
 // owner serialises calls (the tree mutex).
