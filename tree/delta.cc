@@ -124,13 +124,10 @@ Result<std::string_view> CheckedDeltaBody(std::string_view encoded, uint32_t* ma
 
 Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded) {
   uint32_t magic = 0;
-  CANOPY_ASSIGN_OR_RETURN(std::string_view body, CheckedDeltaBody(encoded, &magic));
-  ByteReader r(body);
-  DeltaHeader h;
-  CANOPY_ASSIGN_OR_RETURN(h.tree, r.ReadLengthPrefixed());
-  CANOPY_ASSIGN_OR_RETURN(h.base_version, r.ReadFixed64());
-  CANOPY_ASSIGN_OR_RETURN(h.new_version, r.ReadFixed64());
-  return h;
+  CANOPY_RETURN_IF_ERROR(CheckedDeltaBody(encoded, &magic).status());
+  // Checked: the fields are read as PeekDeltaHeader reads them, bounded by
+  // the body (the CRC after it is not part of any field).
+  return PeekDeltaHeader(encoded.substr(0, encoded.size() - 4));
 }
 
 Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix) {
