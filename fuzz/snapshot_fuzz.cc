@@ -12,6 +12,8 @@
 //   blocks (at that byte's share of 256 of its length): the checker's state
 //   carried from block to block (the stack of subtrees, the last leaf shape
 //   it compares runs of leaves against) is fuzzed across the cut.
+// In the odd mode every stream is opened twice, with and without the
+// record check's vector form (AllowSnapshotCheckVectors), which must agree.
 // Whatever opens is then read everywhere: every lazy node decoded (counted,
 // compared with itself re-encoded), its digest taken and re-encoded.
 #include <xxhash.h>
@@ -91,7 +93,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     stream += Block(2, 1, payload.substr(0, cut)) + Block(2, 2, payload.substr(cut)) + Block(3, 3, tail);
   }
+  // The record check with and without the CPU's vector unit: the same
+  // verdict and the same message.
+  AllowSnapshotCheckVectors(false);
+  auto scalar = OpenSnapshotImage(stream);
+  AllowSnapshotCheckVectors(true);
   auto v = OpenSnapshotImage(std::move(stream));
+  if (v.ok() != scalar.ok() || v.status().ToString() != scalar.status().ToString()) __builtin_trap();
   if (v.ok()) Exercise(*v);
   return 0;
 }

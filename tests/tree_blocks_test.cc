@@ -305,6 +305,84 @@ TEST(TreeBlocks, RunsOfSameShapedLeavesAreCheckedLikeAnyRecord) {
   }
 }
 
+// The record check takes runs of same-shaped leaves four at a time and
+// two-byte child references eight at a time where the CPU has vectors
+// (AVX2), one at a time otherwise. Both forms must refuse a defect at every
+// position of a group, across group ends, and where the references change
+// from two bytes to one, with the same message.
+TEST(TreeBlocks, ADefectAtAnyPositionOfARunIsRefusedWithAndWithoutVectors) {
+  constexpr int kLeaves = 100;  // deltas 1400 .. 14: two-byte down to leaf 90, then one byte
+  auto leaf = [](int i) {
+    std::string r("\x01\x02id\x08", 5);
+    r += "value" + std::to_string(100 + i);
+    r += '\0';
+    return r;
+  };
+  // edit_leaf(i, record) may change leaf i; ref_bytes(i) replaces child
+  // reference i when it returns something.
+  auto image = [&](const std::function<void(int, std::string*)>& edit_leaf,
+                   const std::function<std::string(int, uint64_t)>& ref_bytes) {
+    std::string body;
+    std::vector<uint64_t> at;
+    for (int i = 0; i < kLeaves; ++i) {
+      std::string r = leaf(i);
+      edit_leaf(i, &r);
+      at.push_back(body.size());
+      body += r;
+    }
+    const uint64_t root = body.size();
+    body += std::string("\x00", 1);
+    PutVarint64(&body, kLeaves);
+    for (int i = 0; i < kLeaves; ++i) {
+      std::string forged = ref_bytes(i, root - at[i]);
+      if (forged.empty()) {
+        PutVarint64(&body, root - at[i]);
+      } else {
+        body += forged;
+      }
+    }
+    std::string tail;
+    PutFixed64(&tail, kLeaves + 1);
+    PutFixed64(&tail, body.size());
+    PutFixed64(&tail, XXH3_64bits(body.data(), body.size()));
+    return Block(1, 0, HeadPayload()) + Block(2, 1, body) + Block(3, 2, tail);
+  };
+  auto no_leaf_edit = [](int, std::string*) {};
+  auto no_ref_edit = [](int, uint64_t) { return std::string(); };
+  auto varint = [](uint64_t v) {
+    std::string s;
+    PutVarint64(&s, v);
+    return s;
+  };
+  for (bool vectors : {true, false}) {
+    SCOPED_TRACE(vectors ? "vectors allowed" : "no vectors");
+    AllowSnapshotCheckVectors(vectors);
+    auto good = OpenSnapshotImage(image(no_leaf_edit, no_ref_edit));
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    ASSERT_EQ(good->root()->child_count(), static_cast<size_t>(kLeaves));
+    EXPECT_EQ(good->root()->child(kLeaves - 1)->attribute("id"), "value" + std::to_string(100 + kLeaves - 1));
+    for (int bad = 0; bad < kLeaves; ++bad) {
+      auto claims_child = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == bad) r->back() = '\x01'; },
+                                                  no_ref_edit));
+      ASSERT_TRUE(claims_child.status().IsCorruption()) << "leaf " << bad << ": " << claims_child.status().ToString();
+      auto value_len = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == bad) (*r)[4] = '\x07'; },
+                                               no_ref_edit));
+      ASSERT_TRUE(value_len.status().IsCorruption()) << "leaf " << bad << ": " << value_len.status().ToString();
+      // A reference one byte off, and one naming the leaf before.
+      for (uint64_t shift : {uint64_t{1}, uint64_t{14}}) {
+        auto ref = OpenSnapshotImage(image(no_leaf_edit, [&](int i, uint64_t delta) {
+          return i == bad ? varint(delta + shift) : std::string();
+        }));
+        ASSERT_TRUE(ref.status().IsCorruption()) << "reference " << bad << " + " << shift << ": "
+                                                 << ref.status().ToString();
+        EXPECT_NE(ref.status().message().find("does not name the subtree before it"), std::string::npos)
+            << ref.status().ToString();
+      }
+    }
+  }
+  AllowSnapshotCheckVectors(true);
+}
+
 TEST(TreeBlocks, ManyThreadsReadOneLazyTree) {
   Version v = RandomTree(5000, 14);
   auto opened = OpenSnapshotImage(Join(EncodeSnapshotChunks(v, 4096)));

@@ -15,10 +15,16 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CANOPY_SNAPSHOT_AVX2 1
+#endif
 
 #include "base/coding.h"
 #include "base/crc32c.h"
@@ -217,6 +223,85 @@ class BodyEncoder {
 
 // ---------------------------------------------------------------- checker
 
+#ifdef CANOPY_SNAPSHOT_AVX2
+// AVX2 forms of the checker's two hot loops (StreamChecker::CheckRecords),
+// used when the CPU has AVX2 (checked once at run time; the build targets
+// baseline x86-64). Each checks exactly what the scalar loop after it
+// checks, over a prefix of the work, and returns how far it got; the scalar
+// loop goes on from there, so a mismatch is always reported by the scalar
+// code, with the same message at the same record.
+std::atomic<bool> vectors_allowed{true};  // AllowSnapshotCheckVectors
+bool UseAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && vectors_allowed.load(std::memory_order_relaxed);
+}
+
+// 16 bytes at lo and 16 at hi, as one vector.
+__attribute__((target("avx2"), always_inline)) inline __m256i Load2x16(const uint8_t* lo, const uint8_t* hi) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+}
+
+// The two-byte varints of at - s[0..3] (each in [2^7, 2^14)), one per 64-bit lane.
+__attribute__((target("avx2"), always_inline)) inline __m256i TwoByteVarints(__m256i at, const uint64_t* s, __m256i low7,
+                                                                              __m256i more) {
+  const __m256i d = _mm256_sub_epi64(at, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(d, low7), more), _mm256_slli_epi64(_mm256_srli_epi64(d, 7), 8));
+}
+
+// Leaves of one 16-byte shape, four per step: record k (at r + k * step, k
+// < n, 16 readable bytes each) matches when its bytes under `mask` equal
+// `bits`. Writes the logical offset of each matching record (at + k * step)
+// to top[k]. Returns the number of records matched, a multiple of 4 (the
+// records of the first group with a mismatch are left to the caller).
+__attribute__((target("avx2"))) size_t MatchShapeRun16Avx2(const uint8_t* r, size_t step, size_t n,
+                                                           const uint8_t mask[16], const uint8_t bits[16],
+                                                           uint64_t at, uint64_t* top) {
+  const __m256i m = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask)));
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
+  const auto s = static_cast<long long>(step);
+  const __m256i steps = _mm256_setr_epi64x(0, s, 2 * s, 3 * s);
+  const __m256i advance = _mm256_set1_epi64x(4 * s);
+  __m256i offsets = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(at)), steps);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4, r += 4 * step) {
+    const __m256i a = Load2x16(r, r + step);
+    const __m256i c = Load2x16(r + 2 * step, r + 3 * step);
+    const __m256i eq = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(a, m), b),
+                                        _mm256_cmpeq_epi8(_mm256_and_si256(c, m), b));
+    if (_mm256_movemask_epi8(eq) != -1) break;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(top + i), offsets);
+    offsets = _mm256_add_epi64(offsets, advance);
+  }
+  return i;
+}
+
+// Child references, eight per step: the references at r name the subtrees
+// stack[0], stack[1], ... of a parent at logical offset `at`, and each must be
+// the two-byte minimal varint of at - stack[k]. Only used while every delta
+// of the group is in [2^7, 2^14) (the caller's precondition for two-byte
+// words; deltas decrease along the stack). n: references left; r has at
+// least 16 readable bytes per full group taken. Returns the number of
+// references matched, a multiple of 8.
+__attribute__((target("avx2"))) size_t MatchTwoByteRefsAvx2(const uint8_t* r, const uint8_t* end,
+                                                            const uint64_t* stack, size_t n, uint64_t at) {
+  const __m256i vat = _mm256_set1_epi64x(static_cast<long long>(at));
+  const __m256i low7 = _mm256_set1_epi64x(0x7f);
+  const __m256i more = _mm256_set1_epi64x(0x80);
+  size_t i = 0;
+  for (; i + 8 <= n && end - r >= 16; i += 8, r += 16) {
+    if (at - stack[i] >= 0x4000 || at - stack[i + 7] < 0x80) break;
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+    const __m256i lo = _mm256_cvtepu16_epi64(raw);
+    const __m256i hi = _mm256_cvtepu16_epi64(_mm_srli_si128(raw, 8));
+    const __m256i eq = _mm256_and_si256(_mm256_cmpeq_epi64(lo, TwoByteVarints(vat, stack + i, low7, more)),
+                                        _mm256_cmpeq_epi64(hi, TwoByteVarints(vat, stack + i + 4, low7, more)));
+    if (_mm256_movemask_epi8(eq) != -1) break;
+  }
+  return i;
+}
+#endif  // CANOPY_SNAPSHOT_AVX2
+
 // Checks a stream block by block, and records where each NODES payload lies.
 struct StreamChecker {
   std::string tree;
@@ -364,7 +449,13 @@ struct StreamChecker {
           uint64_t* const top = stack + depth;
           size_t i = 0;
           if (span == 16) {
-            for (const uint8_t* r = p; i < n; ++i, r += step) {
+#ifdef CANOPY_SNAPSHOT_AVX2
+            if (n >= 8 && UseAvx2()) {
+              i = MatchShapeRun16Avx2(p, step, n, reinterpret_cast<const uint8_t*>(shape_mask),
+                                      reinterpret_cast<const uint8_t*>(shape_bits), at, top);
+            }
+#endif
+            for (const uint8_t* r = p + i * step; i < n; ++i, r += step) {
               if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1)) != 0) break;
               top[i] = at + i * step;
             }
@@ -436,7 +527,15 @@ struct StreamChecker {
           break;
         }
         const size_t base = depth - static_cast<size_t>(child_count);
-        for (size_t j = base; j < depth;) {
+        size_t j = base;
+#ifdef CANOPY_SNAPSHOT_AVX2
+        if (depth - base >= 8 && UseAvx2()) {
+          const size_t matched = MatchTwoByteRefsAvx2(r, end, stack + base, depth - base, at);
+          j += matched;
+          r += 2 * matched;
+        }
+#endif
+        for (; j < depth;) {
           // The stack's offsets increase, so the expected deltas decrease:
           // four in a row are all two-byte varints when the first is below
           // 2^14 and the fourth at least 2^7; they are compared as one word.
@@ -881,6 +980,14 @@ Result<Version> SnapshotReader::FinishFromFile(const std::string& path) {
       NodeImage::FromMapping(mapped.first, mapped.second, std::move(m.checker.blocks), m.checker.Summary());
   m.error = Status::InvalidArgument("SnapshotReader already finished");
   return VersionOver(img);
+}
+
+void AllowSnapshotCheckVectors(bool allowed) {
+#ifdef CANOPY_SNAPSHOT_AVX2
+  vectors_allowed.store(allowed, std::memory_order_relaxed);
+#else
+  (void)allowed;
+#endif
 }
 
 Result<Version> OpenSnapshotImage(std::string bytes) {

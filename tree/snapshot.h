@@ -168,4 +168,10 @@ std::vector<std::string> EncodeSnapshotChunks(const Version& version,
 // Checks and opens blocks produced by SnapshotWriter.
 Result<Version> DecodeSnapshotChunks(const std::vector<std::string>& chunks);
 
+// For tests: whether the record check may use the CPU's vector unit (AVX2 on
+// x86-64 where the CPU has it: the default). Both forms accept and refuse
+// exactly the same streams, with the same messages; tests run both. Affects
+// checks that start after the call, in every thread.
+void AllowSnapshotCheckVectors(bool allowed);
+
 }  // namespace canopy::tree
