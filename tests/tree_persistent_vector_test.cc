@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "tree/node.h"
@@ -212,9 +213,53 @@ TEST(PersistentVector, AttributeSeparatorsNeverOutliveTheirBlobs) {
   attrs = AttributeVector();  // the blobs only the old version held are gone
   for (size_t i = 0; i < copy.size(); i += 7) {
     std::string k(copy[i]->key());
-    size_t at = copy.PartitionPoint([&k](const AttributeBlob* b) { return b->key() < k; });
+    const uint64_t prefix = AttributeKey::PrefixOf(k);
+    size_t at = copy.PartitionPoint([&k, prefix](const AttributeKey& a) { return a.Before(k, prefix); });
     ASSERT_EQ(at, i);
   }
+}
+
+// Separators compare the first eight key bytes as a number before reading a
+// blob: lookups must still order keys byte by byte (unsigned), with keys
+// shorter than eight bytes, zero bytes inside keys ("ab" < "ab\0" <
+// "ab\0c"), 0xff bytes and long shared prefixes.
+TEST(PersistentVector, AttributeLookupsOrderKeysByteWise) {
+  std::mt19937_64 rng(11);
+  const std::string alphabet("\0\x01" "ab\x7f\x80\xff", 7);
+  std::set<std::string> keys;
+  while (keys.size() < 6000) {
+    std::string k = (rng() % 3 == 0) ? "common-prefix/" : "";
+    for (size_t n = rng() % 11; n > 0; --n) k += alphabet[rng() % alphabet.size()];
+    keys.insert(k);
+  }
+  std::vector<std::string> sorted(keys.begin(), keys.end());
+  std::vector<AttributePtr> blobs;
+  for (const auto& k : sorted) blobs.push_back(AttributeBlob::Make(k, "v"));
+  AttributeVector attrs = AttributeVector::FromVector(std::move(blobs));
+  auto probe = [&](const std::string& k) {
+    const uint64_t prefix = AttributeKey::PrefixOf(k);
+    size_t got = attrs.PartitionPoint([&k, prefix](const AttributeKey& a) { return a.Before(k, prefix); });
+    size_t want = static_cast<size_t>(std::lower_bound(sorted.begin(), sorted.end(), k) - sorted.begin());
+    ASSERT_EQ(got, want) << "key of " << k.size() << " bytes";
+  };
+  for (const auto& k : sorted) {
+    probe(k);
+    probe(k + std::string(1, '\0'));
+    probe(k + "\xff");
+    if (!k.empty()) probe(k.substr(0, k.size() - 1));
+  }
+  for (int i = 0; i < 2000; ++i) {
+    std::string k;
+    for (size_t n = rng() % 12; n > 0; --n) k += alphabet[rng() % alphabet.size()];
+    probe(k);
+  }
+  // And after edits (separators refreshed on every path).
+  for (size_t i = 0; i < 500; ++i) {
+    size_t at = rng() % attrs.size();
+    attrs.Erase(at);
+    sorted.erase(sorted.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  for (const auto& k : sorted) probe(k);
 }
 
 }  // namespace

@@ -250,7 +250,8 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
     case OpType::kPutAttribute:
     case OpType::kDeleteAttribute: {
       std::string_view key = op.key;
-      size_t lo = attrs.PartitionPoint([key](const AttributeBlob* b) { return b->key() < key; });
+      const uint64_t prefix = AttributeKey::PrefixOf(key);
+      size_t lo = attrs.PartitionPoint([key, prefix](const AttributeKey& a) { return a.Before(key, prefix); });
       bool found = lo < attrs.size() && attrs[lo]->key() == op.key;
       if (op.type == OpType::kDeleteAttribute) {
         attrs.Erase(lo);

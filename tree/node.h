@@ -49,6 +49,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -132,11 +133,36 @@ class AttributeBlob {
 };
 using AttributePtr = RefPtr<const AttributeBlob>;
 
-// A node's attributes: a keyed PersistentVector whose separators are the
-// blobs themselves (a blob's key never changes), so a lookup by key reads one
-// blob per probe instead of descending to the first leaf of each child.
+// The search key of an attribute in a node's AttributeVector: the blob (a
+// blob's key never changes) and its key's first eight bytes as a big-endian
+// number, zero-padded. Numbers order like the keys they come from wherever
+// they differ, so a search decides most comparisons from the number alone
+// and reads the blob only on a tie. The vector keeps one such key per child
+// in every inner chunk (its separators), so a lookup in a node of 10^6
+// attributes reads the separators of the chunks on its path, not one cold
+// blob per probe.
+struct AttributeKey {
+  uint64_t prefix;
+  const AttributeBlob* blob;
+
+  static uint64_t PrefixOf(std::string_view key) noexcept {
+    unsigned char bytes[8] = {};
+    std::memcpy(bytes, key.data(), key.size() < 8 ? key.size() : 8);
+    uint64_t v = 0;
+    for (unsigned char b : bytes) v = (v << 8) | b;
+    return v;
+  }
+  // Whether this attribute's key orders before `key`; key_prefix must be
+  // PrefixOf(key).
+  bool Before(std::string_view key, uint64_t key_prefix) const {
+    if (prefix != key_prefix) return prefix < key_prefix;
+    return blob->key() < key;
+  }
+};
 struct AttributeKeyOf {
-  const AttributeBlob* operator()(const AttributePtr& p) const noexcept { return p.get(); }
+  AttributeKey operator()(const AttributePtr& p) const noexcept {
+    return AttributeKey{AttributeKey::PrefixOf(p->key()), p.get()};
+  }
 };
 using AttributeVector = PersistentVector<AttributePtr, AttributeKeyOf>;
 

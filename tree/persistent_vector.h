@@ -206,8 +206,14 @@ class PersistentVector {
     }
     size_t lo = 0, hi = c->count;
     const T* items = Items(c);
-    if constexpr (kKeyed && std::is_pointer_v<Key>) {
-      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(KeyOf{}(items[k]));
+    if constexpr (kKeyed) {
+      // Computing a leaf element's key may read what it points to: fetch
+      // them all at once rather than one miss per probe.
+      if constexpr (requires(const T& t) { t.get(); }) {
+        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(items[k].get());
+      } else if constexpr (std::is_pointer_v<Key>) {
+        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(KeyOf{}(items[k]));
+      }
     }
     while (lo < hi) {
       size_t mid = lo + (hi - lo) / 2;
