@@ -226,43 +226,48 @@ TEST(TreeBlocks, ForgedStructureBehindValidCrcsIsRefused) {
   EXPECT_NE(good.status().message().find("digest"), std::string::npos) << good.status().ToString();
 }
 
+// A stream of `leaves` same-shaped leaves (one attribute "id" with an
+// 8-byte value, different in every leaf) and a root naming each, built byte
+// by byte with valid CRCs and digest. edit_leaf(i, record) may change leaf
+// i; ref_bytes(i, delta) replaces child reference i when it returns bytes.
+std::string LeafRunImage(int leaves, const std::function<void(int, std::string*)>& edit_leaf,
+                         const std::function<std::string(int, uint64_t)>& ref_bytes) {
+  std::string body;
+  std::vector<uint64_t> at;
+  for (int i = 0; i < leaves; ++i) {
+    std::string r("\x01\x02id\x08", 5);
+    r += "value" + std::to_string(100 + i);
+    r += '\0';
+    edit_leaf(i, &r);
+    at.push_back(body.size());
+    body += r;
+  }
+  const uint64_t root = body.size();
+  body += std::string("\x00", 1);
+  PutVarint64(&body, static_cast<uint64_t>(leaves));
+  for (int i = 0; i < leaves; ++i) {
+    std::string forged = ref_bytes(i, root - at[i]);
+    if (forged.empty()) {
+      PutVarint64(&body, root - at[i]);
+    } else {
+      body += forged;
+    }
+  }
+  std::string tail;
+  PutFixed64(&tail, static_cast<uint64_t>(leaves) + 1);
+  PutFixed64(&tail, body.size());
+  PutFixed64(&tail, XXH3_64bits(body.data(), body.size()));
+  return Block(1, 0, HeadPayload()) + Block(2, 1, body) + Block(3, 2, tail);
+}
+
 // The checker compares a leaf with the same counts, key bytes and value
 // lengths as the leaf before it word by word instead of parsing it (see
 // StreamChecker in tree/snapshot.cc): such runs must be read back exactly
 // and refused as strictly as any other record.
 TEST(TreeBlocks, RunsOfSameShapedLeavesAreCheckedLikeAnyRecord) {
   constexpr int kLeaves = 40;
-  auto leaf = [](int i) {
-    std::string r("\x01\x02id\x08", 5);
-    r += "value" + std::to_string(100 + i);  // 8 value bytes, different in every leaf
-    r += '\0';
-    return r;
-  };
-  // Build the body directly: leaves, then a root whose deltas name each one.
   auto image = [&](const std::function<void(int, std::string*)>& edit, const std::string& delta20) {
-    std::string body;
-    std::vector<uint64_t> at;
-    for (int i = 0; i < kLeaves; ++i) {
-      std::string r = leaf(i);
-      edit(i, &r);
-      at.push_back(body.size());
-      body += r;
-    }
-    uint64_t root = body.size();
-    body += std::string("\x00", 1);
-    body += static_cast<char>(kLeaves);
-    for (int i = 0; i < kLeaves; ++i) {
-      if (i == 20 && !delta20.empty()) {
-        body += delta20;
-      } else {
-        PutVarint64(&body, root - at[i]);
-      }
-    }
-    std::string tail;
-    PutFixed64(&tail, kLeaves + 1);
-    PutFixed64(&tail, body.size());
-    PutFixed64(&tail, XXH3_64bits(body.data(), body.size()));
-    return Block(1, 0, HeadPayload()) + Block(2, 1, body) + Block(3, 2, tail);
+    return LeafRunImage(kLeaves, edit, [&](int i, uint64_t) { return i == 20 ? delta20 : std::string(); });
   };
   auto none = [](int, std::string*) {};
   auto good = OpenSnapshotImage(image(none, ""));
@@ -312,40 +317,9 @@ TEST(TreeBlocks, RunsOfSameShapedLeavesAreCheckedLikeAnyRecord) {
 // from two bytes to one, with the same message.
 TEST(TreeBlocks, ADefectAtAnyPositionOfARunIsRefusedWithAndWithoutVectors) {
   constexpr int kLeaves = 100;  // deltas 1400 .. 14: two-byte down to leaf 90, then one byte
-  auto leaf = [](int i) {
-    std::string r("\x01\x02id\x08", 5);
-    r += "value" + std::to_string(100 + i);
-    r += '\0';
-    return r;
-  };
-  // edit_leaf(i, record) may change leaf i; ref_bytes(i) replaces child
-  // reference i when it returns something.
   auto image = [&](const std::function<void(int, std::string*)>& edit_leaf,
                    const std::function<std::string(int, uint64_t)>& ref_bytes) {
-    std::string body;
-    std::vector<uint64_t> at;
-    for (int i = 0; i < kLeaves; ++i) {
-      std::string r = leaf(i);
-      edit_leaf(i, &r);
-      at.push_back(body.size());
-      body += r;
-    }
-    const uint64_t root = body.size();
-    body += std::string("\x00", 1);
-    PutVarint64(&body, kLeaves);
-    for (int i = 0; i < kLeaves; ++i) {
-      std::string forged = ref_bytes(i, root - at[i]);
-      if (forged.empty()) {
-        PutVarint64(&body, root - at[i]);
-      } else {
-        body += forged;
-      }
-    }
-    std::string tail;
-    PutFixed64(&tail, kLeaves + 1);
-    PutFixed64(&tail, body.size());
-    PutFixed64(&tail, XXH3_64bits(body.data(), body.size()));
-    return Block(1, 0, HeadPayload()) + Block(2, 1, body) + Block(3, 2, tail);
+    return LeafRunImage(kLeaves, edit_leaf, ref_bytes);
   };
   auto no_leaf_edit = [](int, std::string*) {};
   auto no_ref_edit = [](int, uint64_t) { return std::string(); };
