@@ -226,17 +226,21 @@ TEST(TreeBlocks, ForgedStructureBehindValidCrcsIsRefused) {
   EXPECT_NE(good.status().message().find("digest"), std::string::npos) << good.status().ToString();
 }
 
-// A stream of `leaves` same-shaped leaves (one attribute "id" with an
-// 8-byte value, different in every leaf) and a root naming each, built byte
-// by byte with valid CRCs and digest. edit_leaf(i, record) may change leaf
-// i; ref_bytes(i, delta) replaces child reference i when it returns bytes.
+// A stream of `leaves` same-shaped leaves (one attribute "id" with a
+// value_bytes-byte value, 8 to 127, different in every leaf) and a root
+// naming each, built byte by byte with valid CRCs and digest. edit_leaf(i,
+// record) may change leaf i; ref_bytes(i, delta) replaces child reference i
+// when it returns bytes.
 std::string LeafRunImage(int leaves, const std::function<void(int, std::string*)>& edit_leaf,
-                         const std::function<std::string(int, uint64_t)>& ref_bytes) {
+                         const std::function<std::string(int, uint64_t)>& ref_bytes, size_t value_bytes = 8) {
   std::string body;
   std::vector<uint64_t> at;
   for (int i = 0; i < leaves; ++i) {
-    std::string r("\x01\x02id\x08", 5);
-    r += "value" + std::to_string(100 + i);
+    std::string r("\x01\x02id", 4);
+    r += static_cast<char>(value_bytes);
+    std::string value = "value" + std::to_string(100 + i);
+    value.resize(value_bytes, 'x');
+    r += value;
     r += '\0';
     edit_leaf(i, &r);
     at.push_back(body.size());
@@ -316,10 +320,14 @@ TEST(TreeBlocks, RunsOfSameShapedLeavesAreCheckedLikeAnyRecord) {
 // position of a group, across group ends, and where the references change
 // from two bytes to one, with the same message.
 TEST(TreeBlocks, ADefectAtAnyPositionOfARunIsRefusedWithAndWithoutVectors) {
-  constexpr int kLeaves = 100;  // deltas 1400 .. 14: two-byte down to leaf 90, then one byte
+  // 14-byte leaves (compared 16 bytes at a time) and 26-byte ones (32 at a
+  // time); 100 leaves give deltas from 1400 or 2600 down (two-byte, then one
+  // byte at the end), 700 26-byte leaves start with three-byte deltas.
+  int leaves = 100;
+  size_t value_bytes = 8;
   auto image = [&](const std::function<void(int, std::string*)>& edit_leaf,
                    const std::function<std::string(int, uint64_t)>& ref_bytes) {
-    return LeafRunImage(kLeaves, edit_leaf, ref_bytes);
+    return LeafRunImage(leaves, edit_leaf, ref_bytes, value_bytes);
   };
   auto no_leaf_edit = [](int, std::string*) {};
   auto no_ref_edit = [](int, uint64_t) { return std::string(); };
@@ -328,22 +336,35 @@ TEST(TreeBlocks, ADefectAtAnyPositionOfARunIsRefusedWithAndWithoutVectors) {
     PutVarint64(&s, v);
     return s;
   };
-  for (bool vectors : {true, false}) {
-    SCOPED_TRACE(vectors ? "vectors allowed" : "no vectors");
-    AllowSnapshotCheckVectors(vectors);
+  struct Run {
+    bool vectors;
+    size_t value_bytes;
+    int leaves;
+  };
+  for (Run run : {Run{true, 8, 100}, Run{false, 8, 100}, Run{true, 20, 100}, Run{false, 20, 100},
+                  Run{true, 20, 700}, Run{false, 20, 700}}) {
+    SCOPED_TRACE(std::string(run.vectors ? "vectors allowed" : "no vectors") + ", " + std::to_string(run.leaves) +
+                 " leaves of " + std::to_string(run.value_bytes) + "-byte values");
+    AllowSnapshotCheckVectors(run.vectors);
+    value_bytes = run.value_bytes;
+    leaves = run.leaves;
+    const int kLeaves = leaves;
     auto good = OpenSnapshotImage(image(no_leaf_edit, no_ref_edit));
     ASSERT_TRUE(good.ok()) << good.status().ToString();
     ASSERT_EQ(good->root()->child_count(), static_cast<size_t>(kLeaves));
-    EXPECT_EQ(good->root()->child(kLeaves - 1)->attribute("id"), "value" + std::to_string(100 + kLeaves - 1));
+    std::string last = "value" + std::to_string(100 + kLeaves - 1);
+    last.resize(value_bytes, 'x');
+    EXPECT_EQ(good->root()->child(kLeaves - 1)->attribute("id"), last);
     for (int bad = 0; bad < kLeaves; ++bad) {
       auto claims_child = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == bad) r->back() = '\x01'; },
                                                   no_ref_edit));
       ASSERT_TRUE(claims_child.status().IsCorruption()) << "leaf " << bad << ": " << claims_child.status().ToString();
-      auto value_len = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == bad) (*r)[4] = '\x07'; },
+      auto value_len = OpenSnapshotImage(image([&](int i, std::string* r) { if (i == bad) (*r)[4] = static_cast<char>(value_bytes - 1); },
                                                no_ref_edit));
       ASSERT_TRUE(value_len.status().IsCorruption()) << "leaf " << bad << ": " << value_len.status().ToString();
-      // A reference one byte off, and one naming the leaf before.
-      for (uint64_t shift : {uint64_t{1}, uint64_t{14}}) {
+      // A reference one byte off, one naming the leaf before, one off in its
+      // third varint byte only.
+      for (uint64_t shift : {uint64_t{1}, uint64_t{14}, uint64_t{1} << 14}) {
         auto ref = OpenSnapshotImage(image(no_leaf_edit, [&](int i, uint64_t delta) {
           return i == bad ? varint(delta + shift) : std::string();
         }));

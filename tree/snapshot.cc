@@ -224,7 +224,7 @@ class BodyEncoder {
 // ---------------------------------------------------------------- checker
 
 #ifdef CANOPY_SNAPSHOT_AVX2
-// AVX2 forms of the checker's two hot loops (StreamChecker::CheckRecords),
+// AVX2 forms of the checker's hot loops (StreamChecker::CheckRecords),
 // used when the CPU has AVX2 (checked once at run time; the build targets
 // baseline x86-64). Each checks exactly what the scalar loop after it
 // checks, over a prefix of the work, and returns how far it got; the scalar
@@ -269,6 +269,30 @@ __attribute__((target("avx2"))) size_t MatchShapeRun16Avx2(const uint8_t* r, siz
     const __m256i c = Load2x16(r + 2 * step, r + 3 * step);
     const __m256i eq = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(a, m), b),
                                         _mm256_cmpeq_epi8(_mm256_and_si256(c, m), b));
+    if (_mm256_movemask_epi8(eq) != -1) break;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(top + i), offsets);
+    offsets = _mm256_add_epi64(offsets, advance);
+  }
+  return i;
+}
+
+// The same for a shape of 17 to 32 bytes: records compared 32 bytes each
+// (r + k * step has 32 readable bytes for k < n), four per step.
+__attribute__((target("avx2"))) size_t MatchShapeRun32Avx2(const uint8_t* r, size_t step, size_t n,
+                                                           const uint8_t mask[32], const uint8_t bits[32],
+                                                           uint64_t at, uint64_t* top) {
+  const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+  const auto s = static_cast<long long>(step);
+  const __m256i advance = _mm256_set1_epi64x(4 * s);
+  __m256i offsets = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(at)), _mm256_setr_epi64x(0, s, 2 * s, 3 * s));
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4, r += 4 * step) {
+    __m256i eq = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)), m), b);
+    for (size_t k = 1; k < 4; ++k) {
+      const __m256i rec = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k * step));
+      eq = _mm256_and_si256(eq, _mm256_cmpeq_epi8(_mm256_and_si256(rec, m), b));
+    }
     if (_mm256_movemask_epi8(eq) != -1) break;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(top + i), offsets);
     offsets = _mm256_add_epi64(offsets, advance);
@@ -386,6 +410,13 @@ struct StreamChecker {
       *p = q + 2;
       return true;
     }
+    if (v < 0x200000) {  // a child more than 16 KiB back: common, so no memcmp call
+      if (end - q < 3 || q[0] != ((v & 0x7f) | 0x80) || q[1] != (((v >> 7) & 0x7f) | 0x80) || q[2] != (v >> 14)) {
+        return false;
+      }
+      *p = q + 3;
+      return true;
+    }
     uint8_t want[10];
     size_t n = 0;
     while (v >= 0x80) {
@@ -460,7 +491,13 @@ struct StreamChecker {
               top[i] = at + i * step;
             }
           } else {
-            for (const uint8_t* r = p; i < n; ++i, r += step) {
+#ifdef CANOPY_SNAPSHOT_AVX2
+            if (n >= 8 && UseAvx2()) {
+              i = MatchShapeRun32Avx2(p, step, n, reinterpret_cast<const uint8_t*>(shape_mask),
+                                      reinterpret_cast<const uint8_t*>(shape_bits), at, top);
+            }
+#endif
+            for (const uint8_t* r = p + i * step; i < n; ++i, r += step) {
               if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1) | ((Load64(r + 16) & m2) ^ b2) |
                    ((Load64(r + 24) & m3) ^ b3)) != 0) {
                 break;
