@@ -37,6 +37,11 @@ class PayloadWriter {
     U64(list.size());
     for (const auto& s : list) Bytes(s);
   }
+  // Room for `body` more bytes and the CRC: a payload of MiBs is then written
+  // into one allocation instead of growing through every power of two (each
+  // step a copy of what was written, into pages touched for the first time).
+  void Reserve(size_t body) { out_.reserve(out_.size() + body + 4); }
+  static size_t BytesSize(std::string_view b) { return static_cast<size_t>(VarintLength(b.size())) + b.size(); }
   std::string Finish() {
     PutFixed32(&out_, crc32c::Value(out_));
     return std::move(out_);
@@ -476,6 +481,9 @@ Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload) {
 
 std::string Encode(const DeltaBatch& m) {
   PayloadWriter w(MessageType::kDeltaBatch);
+  size_t body = PayloadWriter::BytesSize(m.tree) + 3 * 10;
+  for (const auto& d : m.deltas) body += PayloadWriter::BytesSize(d);
+  w.Reserve(body);
   w.Bytes(m.tree);
   w.U64(m.epoch);
   w.U64(m.base_version);
@@ -500,6 +508,7 @@ Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload) {
 
 std::string Encode(const Delta& m) {
   PayloadWriter w(MessageType::kDelta);
+  w.Reserve(PayloadWriter::BytesSize(m.tree) + 3 * 10 + PayloadWriter::BytesSize(m.delta));
   w.Bytes(m.tree);
   w.U64(m.epoch);
   w.U64(m.base_version);
