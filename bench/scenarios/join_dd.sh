@@ -389,7 +389,11 @@ fi)
 EOC
 )
 
-jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
+# What "as the machine is" was: a run killed between apply and restore (or
+# an image that ships these values) leaves the tuned settings behind, and
+# then both disk rows measure the same thing.
+as_is="vm.dirty_expire_centisecs $(sysctl -n vm.dirty_expire_centisecs 2>/dev/null || echo '?'), vm.dirty_ratio $(sysctl -n vm.dirty_ratio 2>/dev/null || echo '?'), vm.dirty_background_ratio $(sysctl -n vm.dirty_background_ratio 2>/dev/null || echo '?')"
+jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is "$as_is" \
   --argjson join_mib "$join_mib" --argjson tree_mib "$tree_mib" --argjson trees "$trees" --argjson reps "$reps" \
   --argjson load_s "$load_s" --argjson failure_ms "$failure_ms" --argjson warm_mib "$warm_mib" --argjson cpus "$(nproc)" --arg fs "$fs" \
   --arg ddv "$(dd --version | head -n 1)" --arg disk_fs "${disk_fs:-none}" \
@@ -406,7 +410,7 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" \
              failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,
              order: "per rep: join, dd, rcopy (tmpfs); join, dd on disk; join, dd on disk tuned",
              rcopy: "rcopy --server on 127.0.0.1 (tmpfs root); one file of random bytes, sized at the first join, copied once per rep",
-             disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning,
+             disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning, disk_as_is: $as_is,
              join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
              warm_memory: ("before each measured writer (joiner, dd, rcopy): " + ($warm_mib | tostring) + " MiB written to BENCH_WORK and deleted, so that none of them pays more than another for the first touch of pages a VM handed back to its host (virtio-balloon free page reporting)"),
              cpu: "joiner: user + system CPU seconds from its start, read from /proc within one 50 ms poll of its last install line, per decimal GB of its data dir; rcopy server: its CPU seconds over one copy, per GB copied",
