@@ -15,7 +15,8 @@
 // receiver gets the Message with bulk_bytes set and must consume exactly that
 // many bytes with ReceiveBulk (one or more calls) before its next Receive.
 // Backends move bulk bytes with as few copies as they can (TCP: sendfile and
-// splice; RDMA: one-sided WRITE from registered memory; DPDK: mbufs built
+// splice; RDMA: above eager_bulk the receiver RDMA-READs straight from the
+// sender's registered memory or file mapping; DPDK: mbufs built
 // straight from the source). Bulk bytes are not covered by the frame CRC;
 // they rely on the link's own checks (TCP checksum, IB ICRC, UDP checksum);
 // tools that need end-to-end integrity (rcopy --verify) add their own digest.
