@@ -249,49 +249,36 @@ __attribute__((target("avx2"), always_inline)) inline __m256i TwoByteVarints(__m
   return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(d, low7), more), _mm256_slli_epi64(_mm256_srli_epi64(d, 7), 8));
 }
 
-// Leaves of one 16-byte shape, four per step: record k (at r + k * step, k
-// < n, 16 readable bytes each) matches when its bytes under `mask` equal
-// `bits`. Writes the logical offset of each matching record (at + k * step)
-// to top[k]. Returns the number of records matched, a multiple of 4 (the
-// records of the first group with a mismatch are left to the caller).
-__attribute__((target("avx2"))) size_t MatchShapeRun16Avx2(const uint8_t* r, size_t step, size_t n,
-                                                           const uint8_t mask[16], const uint8_t bits[16],
-                                                           uint64_t at, uint64_t* top) {
-  const __m256i m = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask)));
-  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
-  const auto s = static_cast<long long>(step);
-  const __m256i steps = _mm256_setr_epi64x(0, s, 2 * s, 3 * s);
-  const __m256i advance = _mm256_set1_epi64x(4 * s);
-  __m256i offsets = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(at)), steps);
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4, r += 4 * step) {
-    const __m256i a = Load2x16(r, r + step);
-    const __m256i c = Load2x16(r + 2 * step, r + 3 * step);
-    const __m256i eq = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(a, m), b),
-                                        _mm256_cmpeq_epi8(_mm256_and_si256(c, m), b));
-    if (_mm256_movemask_epi8(eq) != -1) break;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(top + i), offsets);
-    offsets = _mm256_add_epi64(offsets, advance);
-  }
-  return i;
-}
-
-// The same for a shape of 17 to 32 bytes: records compared 32 bytes each
-// (r + k * step has 32 readable bytes for k < n), four per step.
-__attribute__((target("avx2"))) size_t MatchShapeRun32Avx2(const uint8_t* r, size_t step, size_t n,
-                                                           const uint8_t mask[32], const uint8_t bits[32],
-                                                           uint64_t at, uint64_t* top) {
-  const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
-  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+// Leaves of one shape, four per step: record k (at r + k * step, k < n,
+// `span` readable bytes each; span is 16 or 32) matches when its first span
+// bytes under `mask` equal `bits`. Writes the logical offset of each
+// matching record (at + k * step) to top[k]. Returns the number of records
+// matched, a multiple of 4 (the records of the first group with a mismatch
+// are left to the caller).
+__attribute__((target("avx2"))) size_t MatchShapeRunAvx2(const uint8_t* r, size_t step, size_t span, size_t n,
+                                                         const uint8_t mask[32], const uint8_t bits[32], uint64_t at,
+                                                         uint64_t* top) {
+  // Span 16: two records per vector, against the 16-byte mask in both halves.
+  const bool pairs = span == 16;
+  const __m256i m = pairs ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mask)))
+                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mask));
+  const __m256i b = pairs ? _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)))
+                          : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
   const auto s = static_cast<long long>(step);
   const __m256i advance = _mm256_set1_epi64x(4 * s);
-  __m256i offsets = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(at)), _mm256_setr_epi64x(0, s, 2 * s, 3 * s));
+  __m256i offsets =
+      _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(at)), _mm256_setr_epi64x(0, s, 2 * s, 3 * s));
   size_t i = 0;
   for (; i + 4 <= n; i += 4, r += 4 * step) {
-    __m256i eq = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)), m), b);
-    for (size_t k = 1; k < 4; ++k) {
-      const __m256i rec = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k * step));
-      eq = _mm256_and_si256(eq, _mm256_cmpeq_epi8(_mm256_and_si256(rec, m), b));
+    __m256i eq = _mm256_set1_epi8(-1);
+    if (pairs) {
+      eq = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(Load2x16(r, r + step), m), b),
+                            _mm256_cmpeq_epi8(_mm256_and_si256(Load2x16(r + 2 * step, r + 3 * step), m), b));
+    } else {
+      for (size_t k = 0; k < 4; ++k) {
+        const __m256i rec = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r + k * step));
+        eq = _mm256_and_si256(eq, _mm256_cmpeq_epi8(_mm256_and_si256(rec, m), b));
+      }
     }
     if (_mm256_movemask_epi8(eq) != -1) break;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(top + i), offsets);
@@ -479,24 +466,18 @@ struct StreamChecker {
           const uint64_t at = base_logical + static_cast<uint64_t>(p - start);
           uint64_t* const top = stack + depth;
           size_t i = 0;
-          if (span == 16) {
 #ifdef CANOPY_SNAPSHOT_AVX2
-            if (n >= 8 && UseAvx2()) {
-              i = MatchShapeRun16Avx2(p, step, n, reinterpret_cast<const uint8_t*>(shape_mask),
-                                      reinterpret_cast<const uint8_t*>(shape_bits), at, top);
-            }
+          if (n >= 8 && UseAvx2()) {
+            i = MatchShapeRunAvx2(p, step, span, n, reinterpret_cast<const uint8_t*>(shape_mask),
+                                  reinterpret_cast<const uint8_t*>(shape_bits), at, top);
+          }
 #endif
+          if (span == 16) {
             for (const uint8_t* r = p + i * step; i < n; ++i, r += step) {
               if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1)) != 0) break;
               top[i] = at + i * step;
             }
           } else {
-#ifdef CANOPY_SNAPSHOT_AVX2
-            if (n >= 8 && UseAvx2()) {
-              i = MatchShapeRun32Avx2(p, step, n, reinterpret_cast<const uint8_t*>(shape_mask),
-                                      reinterpret_cast<const uint8_t*>(shape_bits), at, top);
-            }
-#endif
             for (const uint8_t* r = p + i * step; i < n; ++i, r += step) {
               if ((((Load64(r) & m0) ^ b0) | ((Load64(r + 8) & m1) ^ b1) | ((Load64(r + 16) & m2) ^ b2) |
                    ((Load64(r + 24) & m3) ^ b3)) != 0) {
