@@ -213,8 +213,7 @@ TEST(PersistentVector, AttributeSeparatorsNeverOutliveTheirBlobs) {
   attrs = AttributeVector();  // the blobs only the old version held are gone
   for (size_t i = 0; i < copy.size(); i += 7) {
     std::string k(copy[i]->key());
-    const uint64_t prefix = AttributeKey::PrefixOf(k);
-    size_t at = copy.PartitionPoint([&k, prefix](const AttributeKey& a) { return a.Before(k, prefix); });
+    size_t at = AttributeLowerBound(copy, k);
     ASSERT_EQ(at, i);
   }
 }
@@ -237,8 +236,7 @@ TEST(PersistentVector, AttributeLookupsOrderKeysByteWise) {
   for (const auto& k : sorted) blobs.push_back(AttributeBlob::Make(k, "v"));
   AttributeVector attrs = AttributeVector::FromVector(std::move(blobs));
   auto probe = [&](const std::string& k) {
-    const uint64_t prefix = AttributeKey::PrefixOf(k);
-    size_t got = attrs.PartitionPoint([&k, prefix](const AttributeKey& a) { return a.Before(k, prefix); });
+    size_t got = AttributeLowerBound(attrs, k);
     size_t want = static_cast<size_t>(std::lower_bound(sorted.begin(), sorted.end(), k) - sorted.begin());
     ASSERT_EQ(got, want) << "key of " << k.size() << " bytes";
   };

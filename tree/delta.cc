@@ -250,8 +250,7 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
     case OpType::kPutAttribute:
     case OpType::kDeleteAttribute: {
       std::string_view key = op.key;
-      const uint64_t prefix = AttributeKey::PrefixOf(key);
-      size_t lo = attrs.PartitionPoint([key, prefix](const AttributeKey& a) { return a.Before(key, prefix); });
+      size_t lo = AttributeLowerBound(attrs, key);
       bool found = lo < attrs.size() && attrs[lo]->key() == op.key;
       if (op.type == OpType::kDeleteAttribute) {
         attrs.Erase(lo);

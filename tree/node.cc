@@ -112,8 +112,7 @@ NodePtr Node::Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> ch
 
 std::optional<std::string_view> Node::attribute(std::string_view key) const {
   Load();
-  const uint64_t prefix = AttributeKey::PrefixOf(key);
-  size_t i = attributes_.PartitionPoint([key, prefix](const AttributeKey& a) { return a.Before(key, prefix); });
+  size_t i = AttributeLowerBound(attributes_, key);
   if (i == attributes_.size()) return std::nullopt;
   const AttributeBlob& b = *attributes_[i];
   if (b.key() != key) return std::nullopt;

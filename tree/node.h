@@ -166,6 +166,13 @@ struct AttributeKeyOf {
 };
 using AttributeVector = PersistentVector<AttributePtr, AttributeKeyOf>;
 
+// The index of the first attribute whose key is not before `key` (its index
+// when present): one descent, O(log n).
+inline size_t AttributeLowerBound(const AttributeVector& attrs, std::string_view key) {
+  const uint64_t prefix = AttributeKey::PrefixOf(key);
+  return attrs.PartitionPoint([key, prefix](const AttributeKey& a) { return a.Before(key, prefix); });
+}
+
 class Node;
 using NodePtr = RefPtr<const Node>;
 

@@ -211,8 +211,6 @@ class PersistentVector {
       // them all at once rather than one miss per probe.
       if constexpr (requires(const T& t) { t.get(); }) {
         for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(items[k].get());
-      } else if constexpr (std::is_pointer_v<Key>) {
-        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(KeyOf{}(items[k]));
       }
     }
     while (lo < hi) {
