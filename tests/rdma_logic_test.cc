@@ -13,6 +13,7 @@
 #include "base/crc32c.h"
 #include "tests/testing/test_util.h"
 #include "transport/frame.h"
+#include "transport/rdma/bulk_policy.h"
 #include "transport/rdma/connection_state.h"
 #include "transport/rdma/credits.h"
 #include "transport/rdma/keepalive.h"
@@ -544,6 +545,22 @@ namespace {
 
 // A vanished peer must be seen within io_timeout: one probe interval of quiet, then every retry
 // of the probe unanswered.
+TEST(RdmaBulkPolicy, SoftwareDevicesSendUpToOneMebibyteEagerlyUnlessTold) {
+  constexpr uint32_t kRxe = 0xFFFFFF, kOldRxe = 0, kSiw = 0x626d74, kMellanox = 0x02c9, kBroadcom = 0x14e4;
+  for (uint32_t soft : {kRxe, kOldRxe, kSiw}) {
+    EXPECT_TRUE(IsSoftwareRdmaVendor(soft)) << soft;
+    EXPECT_EQ(EagerBulkFor(std::nullopt, soft), uint64_t{1} << 20) << soft;
+  }
+  for (uint32_t hard : {kMellanox, kBroadcom}) {
+    EXPECT_FALSE(IsSoftwareRdmaVendor(hard)) << hard;
+    EXPECT_EQ(EagerBulkFor(std::nullopt, hard), uint64_t{64} << 10) << hard;
+  }
+  // An explicit eager_bulk wins on every device, 0 included (everything a READ).
+  EXPECT_EQ(EagerBulkFor(4096, kRxe), 4096u);
+  EXPECT_EQ(EagerBulkFor(0, kRxe), 0u);
+  EXPECT_EQ(EagerBulkFor(8u << 20, kMellanox), 8u << 20);
+}
+
 TEST(RdmaKeepalive, ProbePlusRetriesFitInTheIoTimeout) {
   using std::chrono::milliseconds;
   for (milliseconds io : {milliseconds(2000), milliseconds(8000), milliseconds(30000), milliseconds(120000)}) {

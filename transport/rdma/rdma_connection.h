@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -41,6 +42,7 @@
 
 #include "base/fd.h"
 #include "base/result.h"
+#include "transport/rdma/bulk_policy.h"
 #include "transport/rdma/connection_state.h"
 #include "transport/rdma/credits.h"
 #include "transport/rdma/keepalive.h"
@@ -59,7 +61,8 @@ struct RdmaOptions {
   std::string device;  // empty: any
   CqMode cq_mode = CqMode::kEvent;
   uint32_t slot_bytes = 64u << 10;
-  uint64_t eager_bulk = 64u << 10;
+  // Unset: chosen per device when the connection is made (EagerBulkFor, bulk_policy.h).
+  std::optional<uint64_t> eager_bulk;
 };
 
 // InvalidArgument for unknown keys or bad values. `params` are URI query
@@ -231,6 +234,7 @@ class RdmaConnection final : public Connection {
   uint32_t staging_bytes_ = 0;
   uint32_t sq_depth_ = 0;
   uint32_t max_reads_ = 0;
+  uint64_t eager_bulk_ = kHardwareEagerBulk;  // set by CreateResources (EagerBulkFor)
 
   std::chrono::milliseconds probe_interval_{10000};
   std::thread progress_thread_;

@@ -661,7 +661,7 @@ Status RdmaConnection::SendWithBulk(uint16_t type, std::string_view payload, con
                       bulk.file_offset + size, st.st_size));
     }
   }
-  const bool rendezvous = size > options_.eager_bulk && (!bulk.is_file() || regular_file);
+  const bool rendezvous = size > eager_bulk_ && (!bulk.is_file() || regular_file);
 
   std::lock_guard<std::mutex> send_lock(send_mu_);
   char header[kFrameHeaderSize];

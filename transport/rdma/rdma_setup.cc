@@ -163,7 +163,8 @@ Result<RdmaOptions> ParseRdmaOptions(const TransportOptions& options,
       CANOPY_ASSIGN_OR_RETURN(uint64_t v, ParseSize(key, value, 4096, 16u << 20));
       out.slot_bytes = static_cast<uint32_t>(v);
     } else if (key == "eager_bulk") {
-      CANOPY_ASSIGN_OR_RETURN(out.eager_bulk, ParseSize(key, value, 0, 1ull << 40));
+      CANOPY_ASSIGN_OR_RETURN(uint64_t v, ParseSize(key, value, 0, 1ull << 40));
+      out.eager_bulk = v;
     } else if (key == "cert" || key == "key" || key == "ca" || key == "tls" || key == "server_name" ||
                key == "verify_host" || key == "ktls") {
       return Status::NotSupported(fmt::format(
@@ -271,6 +272,10 @@ Status RdmaConnection::CreateResources(bool active) {
 
   ibv_device_attr attr{};
   if (int rc = ibv_query_device(id->verbs, &attr); rc != 0) return ErrnoStatus(rc, "rdma: ibv_query_device");
+
+  eager_bulk_ = EagerBulkFor(options_.eager_bulk, attr.vendor_id);
+  CANOPY_LOG(kDebug, "rdma: device {} (vendor 0x{:x}): bulk transfers above {} bytes are RDMA READ",
+             ibv_get_device_name(id->verbs->device), attr.vendor_id, eager_bulk_);
 
   const TransportOptions& base = options_.base;
   // A peer that vanishes (host powered off, link gone) must surface as Unavailable within

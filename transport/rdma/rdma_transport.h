@@ -12,7 +12,9 @@
 //   slot_bytes=N     size of one registered send / receive slot (64 KiB)
 //   eager_bulk=N     bulk transfers up to N bytes are copied through slots;
 //                    larger ones are RDMA READ by the receiver straight from
-//                    the sender's registered memory or mmap of the file (64 KiB)
+//                    the sender's registered memory or mmap of the file
+//                    (default: 64 KiB on a hardware HCA, 1 MiB on Soft-RoCE
+//                    and siw, transport/rdma/bulk_policy.h)
 //
 // Design (see rdma_connection.h): messages are cut into slot-sized SENDs
 // (inline when small), one credit per receive slot, credits returned in every
