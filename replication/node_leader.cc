@@ -211,6 +211,27 @@ Status Node::Impl::SendDeltasLocked(StreamSender& s, size_t max_bytes, bool* any
                                     bool* deferred) {
   *any = false;
   const uint64_t sent = s.sent.load();
+  // A replica behind the deltas kept in memory (joining, or catching up)
+  // gets them as the WAL's own bytes on the bulk path: nothing is copied or
+  // encoded here, and on TCP the bytes go by sendfile.
+  CANOPY_ASSIGN_OR_RETURN(auto range, store->LocateDeltasSince(s.tree, sent, max_bytes));
+  if (range && range->records == 0) return Status::Ok();
+  if (range && range->length <= kMaxBlobBytes) {
+    if (direct_acked != nullptr && s.UnackedBytes(*direct_acked) + range->length > kDirectUnackedBytes) {
+      *deferred = true;
+      return Status::Ok();
+    }
+    s.bytes_sent += range->length;
+    s.unacked_frames.emplace_back(range->last_version, s.bytes_sent);
+    *any = true;
+    DeltaRecords records{s.tree, s.epoch, sent, range->records, range->length};
+    CANOPY_RETURN_IF_ERROR(
+        s.conn.SendWithBulk(static_cast<uint16_t>(MessageType::kDeltaRecords), Encode(records),
+                            transport::BulkSource::FromFile(range->file.get(), range->offset, range->length)));
+    s.sent = range->last_version;
+    metrics->DeltaRecordsSent(range->length);
+    return Status::Ok();
+  }
   CANOPY_ASSIGN_OR_RETURN(auto deltas, store->ReadDeltasSince(s.tree, sent, max_bytes));
   if (deltas.empty()) return Status::Ok();
   uint64_t bytes = 0;

@@ -27,6 +27,9 @@ constexpr char kSnapshotStreams[] = "canopy_snapshot_streams_total";
 constexpr char kSnapshotStreamsHelp[] = "Tree snapshots streamed to replicas (sent) or installed from the leader.";
 constexpr char kSnapshotBytes[] = "canopy_snapshot_bytes_total";
 constexpr char kSnapshotBytesHelp[] = "Bytes of snapshot chunks sent to replicas or installed from the leader.";
+constexpr char kDeltaRecordsBytes[] = "canopy_delta_records_bytes_total";
+constexpr char kDeltaRecordsBytesHelp[] =
+    "Bytes of WAL records sent to replicas, or received from the leader, on the bulk path (DELTA_RECORDS).";
 constexpr char kMembership[] = "canopy_membership_messages_total";
 constexpr char kMembershipHelp[] = "Membership messages (SWIM probes, acks, ping-reqs, gossip), leader streams excluded.";
 constexpr char kMembershipBytes[] = "canopy_membership_bytes_total";
@@ -44,6 +47,10 @@ NodeMetrics::NodeMetrics(const std::string& node_id)
                                                {{"node", node_id}, {"direction", "installed"}})),
       snapshot_bytes_installed_(metrics::GetCounter(kSnapshotBytes, kSnapshotBytesHelp,
                                                     {{"node", node_id}, {"direction", "installed"}})),
+      delta_records_bytes_sent_(metrics::GetCounter(kDeltaRecordsBytes, kDeltaRecordsBytesHelp,
+                                                    {{"node", node_id}, {"direction", "sent"}})),
+      delta_records_bytes_received_(metrics::GetCounter(kDeltaRecordsBytes, kDeltaRecordsBytesHelp,
+                                                        {{"node", node_id}, {"direction", "received"}})),
       failovers_(metrics::GetCounter("canopy_failovers_total", "Leader takeovers this node won.",
                                      {{"node", node_id}})),
       membership_sent_(metrics::GetCounter(kMembership, kMembershipHelp, {{"node", node_id}, {"direction", "sent"}})),
@@ -78,6 +85,14 @@ void NodeMetrics::SnapshotSent(uint64_t bytes) {
 void NodeMetrics::SnapshotInstalled(uint64_t bytes) {
   snapshots_installed_.Increment();
   snapshot_bytes_installed_.Increment(static_cast<double>(bytes));
+}
+
+void NodeMetrics::DeltaRecordsSent(uint64_t bytes) {
+  delta_records_bytes_sent_.Increment(static_cast<double>(bytes));
+}
+
+void NodeMetrics::DeltaRecordsReceived(uint64_t bytes) {
+  delta_records_bytes_received_.Increment(static_cast<double>(bytes));
 }
 
 void NodeMetrics::Failover() { failovers_.Increment(); }

@@ -12,6 +12,7 @@
 //   canopy_tree_version{node, tree}                          latest version on this node
 //   canopy_snapshot_streams_total{node, direction}           snapshots sent / installed
 //   canopy_snapshot_bytes_total{node, direction}
+//   canopy_delta_records_bytes_total{node, direction}        WAL records sent / received on the bulk path (DELTA_RECORDS)
 //   canopy_failovers_total{node}                             takeovers this node won
 //   canopy_membership_messages_total{node, direction}        membership probes, acks, ping-reqs and
 //   canopy_membership_bytes_total{node, direction}           gossip (sent / received), leader streams excluded
@@ -37,6 +38,8 @@ class NodeMetrics {
   void Commit(ConsistencyLevel level, StatusCode outcome, std::chrono::duration<double> latency);
   void SnapshotSent(uint64_t bytes);
   void SnapshotInstalled(uint64_t bytes);
+  void DeltaRecordsSent(uint64_t bytes);
+  void DeltaRecordsReceived(uint64_t bytes);
   void Failover();
   // One membership message (probe, ack, ping-req, gossip) of `bytes` payload bytes.
   void MembershipSent(size_t bytes);
@@ -70,6 +73,8 @@ class NodeMetrics {
   prometheus::Counter& snapshot_bytes_sent_;
   prometheus::Counter& snapshots_installed_;
   prometheus::Counter& snapshot_bytes_installed_;
+  prometheus::Counter& delta_records_bytes_sent_;
+  prometheus::Counter& delta_records_bytes_received_;
   prometheus::Counter& failovers_;
   prometheus::Counter& membership_sent_;
   prometheus::Counter& membership_received_;

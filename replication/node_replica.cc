@@ -12,6 +12,32 @@
 #include "tree/snapshot.h"
 
 namespace canopy::replication {
+namespace {
+
+// DELTA_RECORDS' bulk bytes land in pieces of this size; the buffer grows
+// as they arrive, never to what a header merely announces.
+constexpr uint64_t kRecordPieceBytes = 2u << 20;
+// A record buffer grown past this (a huge delta) is given back after use.
+constexpr size_t kRecordBufferKeepBytes = 16u << 20;
+
+// Receives the `bytes` bulk bytes of a DELTA_RECORDS into the front of
+// *buffer, which the stream keeps from one message to the next (its pages
+// are then already faulted in) and which only ever grows here.
+Status ReceiveDeltaRecords(transport::Connection& conn, uint64_t bytes, std::chrono::milliseconds io_timeout,
+                           std::string* buffer) {
+  uint64_t have = 0;
+  while (have < bytes) {
+    const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
+    if (buffer->size() < have + piece) buffer->resize(static_cast<size_t>(have + piece));
+    // Bounded by the transport's own no-progress limit (io_timeout).
+    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->data() + have), piece,
+                                            Deadline::After(io_timeout)));
+    have += piece;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 void Node::Impl::ReplicaLoop(std::string tree_name) {
   CANOPY_LOG(kInfo, "node {}: replicating {}", node_id, tree_name);
@@ -124,6 +150,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   std::unique_ptr<tree::SnapshotInstaller> installer;
   uint64_t expected_chunk = 0;
   uint64_t snapshot_bytes = 0;  // of the snapshot being installed (metrics)
+  std::string records_buffer;   // DELTA_RECORDS land here (ReceiveDeltaRecords)
   auto last_message = Clock::now();
   auto last_keepalive = Clock::now();
   // Under mu, before anything of this epoch is applied: the leadership is
@@ -201,7 +228,8 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
       continue;
     }
     last_message = Clock::now();
-    if (m->bulk_bytes != 0 && m->type != static_cast<uint16_t>(MessageType::kSnapshotFile)) {
+    if (m->bulk_bytes != 0 && m->type != static_cast<uint16_t>(MessageType::kSnapshotFile) &&
+        m->type != static_cast<uint16_t>(MessageType::kDeltaRecords)) {
       return Status::Corruption("unexpected bulk bytes from leader");
     }
     switch (static_cast<MessageType>(m->type)) {
@@ -234,6 +262,36 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         if (!applied.ok()) return applied.status().WithContext("applying a batch of deltas");
         if (*applied != b.base_version + b.deltas.size())
           return Status::Corruption("delta versions do not match their batch header");
+        tag_data(*applied);
+        ++unacked;
+        break;
+      }
+      case MessageType::kDeltaRecords: {
+        CANOPY_ASSIGN_OR_RETURN(DeltaRecords r, DecodeDeltaRecords(m->payload));
+        if (r.tree != tree_name) return Status::Corruption("DELTA_RECORDS for another tree");
+        if (m->bulk_bytes != r.bytes) {
+          return Status::Corruption(
+              fmt::format("DELTA_RECORDS announces {} bytes but carries {} bulk bytes", r.bytes, m->bulk_bytes));
+        }
+        CANOPY_RETURN_IF_ERROR(check_epoch(r.epoch));
+        CANOPY_RETURN_IF_ERROR(ReceiveDeltaRecords(conn, r.bytes, topts.io_timeout, &records_buffer));
+        CANOPY_ASSIGN_OR_RETURN(
+            std::vector<std::string_view> deltas,
+            tree::SplitDeltaRun(std::string_view(records_buffer.data(), static_cast<size_t>(r.bytes))));
+        if (deltas.size() != r.count) {
+          return Status::Corruption(
+              fmt::format("DELTA_RECORDS announces {} deltas but carries {}", r.count, deltas.size()));
+        }
+        if (!store->HasTree(tree_name) && r.base_version == 0) {
+          Status c = store->CreateTree(tree_name);
+          if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
+        }
+        auto applied = store->ApplyEncodedDeltas(deltas);
+        if (!applied.ok()) return applied.status().WithContext("applying WAL records from the leader");
+        if (*applied != r.base_version + r.count)
+          return Status::Corruption("delta versions do not match their DELTA_RECORDS header");
+        if (records_buffer.size() > kRecordBufferKeepBytes) std::string().swap(records_buffer);
+        metrics->DeltaRecordsReceived(r.bytes);
         tag_data(*applied);
         ++unacked;
         break;

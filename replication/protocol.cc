@@ -8,6 +8,7 @@
 
 #include "base/coding.h"
 #include "base/crc32c.h"
+#include "tree/delta.h"
 
 namespace canopy::replication {
 
@@ -177,6 +178,7 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kOneSidedAnswer: return "ONE_SIDED_ANSWER";
     case MessageType::kDelta: return "DELTA";
     case MessageType::kDeltaBatch: return "DELTA_BATCH";
+    case MessageType::kDeltaRecords: return "DELTA_RECORDS";
     case MessageType::kAck: return "ACK";
     case MessageType::kHeartbeat: return "HEARTBEAT";
     case MessageType::kError: return "ERROR";
@@ -258,6 +260,7 @@ TYPE_OF(SnapshotFile, kSnapshotFile)
 TYPE_OF(OneSidedAnswer, kOneSidedAnswer)
 TYPE_OF(Delta, kDelta)
 TYPE_OF(DeltaBatch, kDeltaBatch)
+TYPE_OF(DeltaRecords, kDeltaRecords)
 TYPE_OF(Ack, kAck)
 TYPE_OF(Heartbeat, kHeartbeat)
 TYPE_OF(ErrorMessage, kError)
@@ -504,6 +507,33 @@ Result<DeltaBatchView> DecodeDeltaBatchView(std::string_view payload) {
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(DeltaBatchView v, DecodeDeltaBatchView(payload));
   return DeltaBatch{std::move(v.tree), v.epoch, v.base_version, {v.deltas.begin(), v.deltas.end()}};
+}
+
+std::string Encode(const DeltaRecords& m) {
+  PayloadWriter w(MessageType::kDeltaRecords);
+  w.Bytes(m.tree);
+  w.U64(m.epoch);
+  w.U64(m.base_version);
+  w.U64(m.count);
+  w.U64(m.bytes);
+  return w.Finish();
+}
+Result<DeltaRecords> DecodeDeltaRecords(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kDeltaRecords);
+  DeltaRecords m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.base_version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.count, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.bytes, r.U64());
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  if (m.count == 0) return Status::Corruption("DELTA_RECORDS without deltas");
+  if (m.bytes > kMaxBlobBytes || m.count > m.bytes / tree::kDeltaMinBytes) {
+    return Status::Corruption(fmt::format("DELTA_RECORDS of {} deltas in {} bytes (at most {} bytes, and {} per delta)",
+                                          m.count, m.bytes, kMaxBlobBytes, tree::kDeltaMinBytes));
+  }
+  if (m.base_version > UINT64_MAX - m.count) return Status::Corruption("DELTA_RECORDS versions overflow");
+  return m;
 }
 
 std::string Encode(const Delta& m) {

@@ -57,7 +57,7 @@ inline constexpr uint8_t kWireVersion = 1;
 // before), answered by ONE_SIDED_ANSWER (replication/one_sided.h). A node
 // older than that refuses such a SUBSCRIBE as Corruption: turn
 // --one-sided-replication on once every node knows it.
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
 
@@ -97,6 +97,7 @@ enum class MessageType : uint16_t {
   kTreeStateReply = 0x0132,
   // Commit path (0x0140-0x014f).
   kDeltaBatch = 0x0140,
+  kDeltaRecords = 0x0141,
   kSliceRequest = 0x0128,
   kSliceReply = 0x0129,
 };
@@ -235,6 +236,23 @@ struct DeltaBatch {
   uint64_t base_version = 0;
   std::vector<std::string> deltas;  // the tree module's encoded deltas
   bool operator==(const DeltaBatch&) const = default;
+};
+
+// Leader -> replica: `count` consecutive deltas as they lie in the leader's
+// WAL, carried as the message's `bytes` bulk bytes (sent from the segment
+// file: sendfile on TCP, an RDMA READ of its mapping), not in the payload.
+// The records are the tree module's encodings laid end to end (each
+// delimited by its own length field and checked by its own CRC); they take
+// the tree from base_version to base_version + count. A catching-up or
+// joining replica gets the WAL tail this way, and the leader copies none of
+// it. Since protocol version 5.
+struct DeltaRecords {
+  std::string tree;
+  uint64_t epoch = 0;
+  uint64_t base_version = 0;
+  uint64_t count = 0;  // at least 1
+  uint64_t bytes = 0;  // at least count * tree::kDeltaMinBytes, at most kMaxBlobBytes
+  bool operator==(const DeltaRecords&) const = default;
 };
 
 // DELTA and DELTA_BATCH as a replica decodes them: the encoded deltas are
@@ -535,6 +553,7 @@ std::string Encode(const SnapshotFile& m);
 std::string Encode(const OneSidedAnswer& m);
 std::string Encode(const Delta& m);
 std::string Encode(const DeltaBatch& m);
+std::string Encode(const DeltaRecords& m);
 std::string Encode(const Ack& m);
 std::string Encode(const Heartbeat& m);
 std::string Encode(const ErrorMessage& m);
@@ -565,6 +584,7 @@ MessageType TypeOf(const SnapshotFile&);
 MessageType TypeOf(const OneSidedAnswer&);
 MessageType TypeOf(const Delta&);
 MessageType TypeOf(const DeltaBatch&);
+MessageType TypeOf(const DeltaRecords&);
 MessageType TypeOf(const Ack&);
 MessageType TypeOf(const Heartbeat&);
 MessageType TypeOf(const ErrorMessage&);
@@ -595,6 +615,7 @@ Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload);
 Result<OneSidedAnswer> DecodeOneSidedAnswer(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);
+Result<DeltaRecords> DecodeDeltaRecords(std::string_view payload);
 // The same checks as DecodeDelta / DecodeDeltaBatch, without copying the deltas.
 Result<DeltaView> DecodeDeltaView(std::string_view payload);
 Result<DeltaBatchView> DecodeDeltaBatchView(std::string_view payload);

@@ -229,6 +229,73 @@ TEST(MetricsTest, ClusterMetricsAreScrapedByPrometheus) {
   EXPECT_EQ(prometheus->Query("count(canopy_replica_lag_versions{tree=\"m\"} == 0)"), 2);
 }
 
+// A replica that comes back behind the deltas its leader keeps in memory
+// (about the newest 64 KiB) gets the WAL tail as the leader's own file bytes
+// (DELTA_RECORDS, on the transport's bulk path): both ends count those bytes,
+// and the copies end equal.
+TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) {
+  TestCluster c;
+  TempDir ports;
+  auto port_file = [&](size_t i) { return ports.File("m" + std::to_string(i)); };
+  for (size_t i = 0; i < 3; ++i) {
+    c.AddNode({"--metrics", "127.0.0.1:0", "--metrics-port-file", port_file(i)});
+    ASSERT_TRUE(c.Start(i)) << c.Log(i);
+  }
+  ASSERT_TRUE(c.WaitForMembers(3)) << c.Log(0);
+  auto client = c.Connect(0);
+  ASSERT_TRUE(client);
+  auto created = client->CreateTree("w");
+  ASSERT_TRUE(created.ok() && created->status.code == StatusCode::kOk);
+  const size_t leader = c.IndexOfUri(created->leader);
+  ASSERT_LT(leader, 3u);
+  auto writer = c.Connect(leader);
+  ASSERT_TRUE(writer);
+  auto commit = [&](int i, ConsistencyLevel level) -> uint64_t {
+    CommitRequest r;
+    r.tree = "w";
+    r.level = level;
+    r.timeout_ms = 8000;
+    r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string(i),
+                           std::string(8000, static_cast<char>('a' + i % 26)), 0});
+    auto reply = writer->Commit(r);
+    EXPECT_TRUE(reply.ok()) << reply.status().ToString();
+    if (!reply.ok()) return 0;
+    EXPECT_EQ(reply->status.code, StatusCode::kOk) << reply->status.message;
+    return reply->version;
+  };
+  ASSERT_GT(commit(0, ConsistencyLevel::kAll), 0u);  // every replica subscribed
+  const size_t victim = (leader + 1) % 3;
+  c.Kill(victim);
+  uint64_t last = 0;
+  constexpr int kAway = 40;  // 40 x 8 KB: far more than the leader keeps in memory
+  for (int i = 1; i <= kAway; ++i) ASSERT_GT(last = commit(i, ConsistencyLevel::kQuorum), 0u);
+  ::unlink(port_file(victim).c_str());
+  ASSERT_TRUE(c.Start(victim)) << c.Log(victim);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto t = c.TreeState(victim, "w");
+        return t && t->durable_version == last;
+      },
+      std::chrono::seconds(30)))
+      << c.Log(victim);
+  const uint16_t victim_port = ReadPortFile(port_file(victim));
+  ASSERT_NE(victim_port, 0) << c.Log(victim);
+  const std::string received = Scrape(victim_port);
+  // The records of the versions beyond the leader's memory came as file bytes.
+  const double away_bytes = kAway * 8000.0;
+  EXPECT_GE(SeriesSum(received, "canopy_delta_records_bytes_total", {"direction=\"received\""}),
+            away_bytes - (64 << 10))
+      << received;
+  const std::string sent = Scrape(ReadPortFile(port_file(leader)));
+  EXPECT_GE(SeriesSum(sent, "canopy_delta_records_bytes_total", {"direction=\"sent\""}), away_bytes - (64 << 10))
+      << sent;
+  auto mine = c.TreeState(victim, "w");
+  auto theirs = c.TreeState(leader, "w");
+  ASSERT_TRUE(mine && theirs);
+  EXPECT_FALSE(mine->digest.empty());
+  EXPECT_EQ(mine->digest, theirs->digest);
+}
+
 TEST(MetricsTest, NodeTakesItsOptionsFromAConfigFile) {
   TempDir dir;
   TestCluster c;  // for its secret file

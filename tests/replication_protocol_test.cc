@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "replication/protocol.h"
+#include "tree/delta.h"
 #include "replication/ring.h"
 
 namespace canopy::replication {
@@ -89,6 +90,14 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
   RoundTrip(DeltaBatch{"t", 2, 10, {"delta-11", "delta-12", std::string(300, 'd')}}, &DecodeDeltaBatch);
   EXPECT_TRUE(DecodeDeltaBatch(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());
+  RoundTrip(DeltaRecords{"t", 2, 10, 3, 3 * 1000}, &DecodeDeltaRecords);
+  RoundTrip(DeltaRecords{"t", 2, 10, 1, kMaxBlobBytes}, &DecodeDeltaRecords);
+  // No deltas, more bytes than any blob, or more deltas than the bytes can hold.
+  EXPECT_TRUE(DecodeDeltaRecords(Encode(DeltaRecords{"t", 2, 10, 0, 100})).status().IsCorruption());
+  EXPECT_TRUE(DecodeDeltaRecords(Encode(DeltaRecords{"t", 2, 10, 1, kMaxBlobBytes + 1})).status().IsCorruption());
+  EXPECT_TRUE(
+      DecodeDeltaRecords(Encode(DeltaRecords{"t", 2, 10, 11, 10 * tree::kDeltaMinBytes})).status().IsCorruption());
+  EXPECT_TRUE(DecodeDeltaRecords(Encode(DeltaRecords{"t", 2, UINT64_MAX - 1, 2, 1000})).status().IsCorruption());
   RoundTrip(Ack{"t", 2, 10}, &DecodeAck);
   RoundTrip(Ack{"t", 2, 10, 1}, &DecodeAck);
   Heartbeat hb;
@@ -196,6 +205,7 @@ TEST(ProtocolTest, DecodersSurviveRandomInput) {
     (void)DecodeHeartbeat(buf);
     (void)DecodeCommitRequest(buf);
     (void)DecodeDeltaBatch(buf);
+    (void)DecodeDeltaRecords(buf);
     (void)DecodeStatusReply(buf);
     (void)DecodeReadReply(buf);
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "base/coding.h"
 #include "base/crc32c.h"
@@ -101,6 +102,51 @@ TEST(TreeCodec, DeltaEveryTruncationAndExtensionIsDetected) {
     EXPECT_TRUE(r.status().IsCorruption());
   }
   EXPECT_TRUE(DecodeDelta(enc + "x").status().IsCorruption());
+}
+
+// A run of encodings laid end to end (WAL records as a replica receives
+// them) splits back into exactly those encodings; a run cut anywhere but
+// at a record's end, or with a bad magic or length field, is refused.
+TEST(TreeCodec, DeltaRunSplitsIntoItsRecordsAndRefusesBrokenOnes) {
+  std::vector<std::string> records;
+  for (int i = 0; i < 4; ++i) {
+    Delta d = SampleDelta();
+    d.base_version = 10 + static_cast<uint64_t>(i);
+    d.new_version = d.base_version + 1;
+    if (i == 2) d.request = RequestId{"client-9", 3};
+    if (i == 3) d.ops.resize(1);
+    records.push_back(EncodeDelta(d));
+  }
+  std::string run;
+  std::set<size_t> ends;
+  for (const auto& r : records) {
+    run += r;
+    ends.insert(run.size());
+  }
+  auto split = SplitDeltaRun(run);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  ASSERT_EQ(split->size(), records.size());
+  for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ((*split)[i], records[i]) << i;
+  EXPECT_TRUE(SplitDeltaRun("").status().IsCorruption());
+  for (size_t n = 1; n < run.size(); ++n) {
+    auto cut = SplitDeltaRun(std::string_view(run).substr(0, n));
+    if (ends.count(n)) {
+      EXPECT_TRUE(cut.ok()) << n;  // a shorter run of whole records (the count in the message catches it)
+    } else {
+      EXPECT_TRUE(cut.status().IsCorruption()) << "cut at " << n;
+    }
+  }
+  // Bad magic or length field in the second record.
+  const size_t second = records[0].size();
+  for (size_t at : {second, second + 4, second + 5, second + 7}) {
+    std::string bad = run;
+    bad[at] = static_cast<char>(bad[at] ^ 0x40);
+    EXPECT_TRUE(SplitDeltaRun(bad).status().IsCorruption()) << at;
+  }
+  std::string small = run;
+  small[second + 4] = 3;  // a length below any delta's size
+  small[second + 5] = small[second + 6] = small[second + 7] = 0;
+  EXPECT_TRUE(SplitDeltaRun(small).status().IsCorruption());
 }
 
 // The header-only read (WAL scans that hand records on whole) sees the same

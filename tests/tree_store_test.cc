@@ -307,6 +307,99 @@ TEST(TreeStore, ReadDeltasSinceGivesTheWalsRecordsWhetherRecentOrOld) {
   EXPECT_EQ(*after, std::vector<std::string>{next->encoded_delta});
 }
 
+// LocateDeltasSince names the WAL's own bytes for the deltas after a
+// version: consecutive whole records of one segment, byte for byte what
+// ReadDeltasSince hands out, so that a leader can send them from the file.
+TEST(TreeStore, LocateDeltasSinceNamesTheWalsOwnRecords) {
+  TempDir tmp;
+  StoreOptions o = Opts(FsyncPolicy::kNone);
+  o.wal_segment_bytes = 64 << 10;  // several segments of ~60 records
+  auto store = OpenOrDie(tmp.path(), o);
+  ASSERT_TRUE(store->CreateTree("t").ok());
+  std::vector<std::string> written;
+  for (int i = 0; i < 300; ++i) {
+    auto r = store->CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
+    ASSERT_TRUE(r.ok());
+    written.push_back(r->encoded_delta);
+  }
+  ASSERT_GT(Files(tmp.path() + "/trees/t", "wal-").size(), 3u);
+  auto file_bytes = [](const Store::WalDeltaRange& range) {
+    std::string bytes(range.length, '\0');
+    EXPECT_EQ(::pread(range.file.get(), bytes.data(), bytes.size(), static_cast<off_t>(range.offset)),
+              static_cast<ssize_t>(bytes.size()));
+    return bytes;
+  };
+  auto written_from = [&](uint64_t from, uint64_t count) {
+    std::string out;
+    for (uint64_t v = from; v < from + count; ++v) out += written[v];
+    return out;
+  };
+  // Old positions (the newest ~64 KiB are in memory: nullopt is allowed there only).
+  for (uint64_t from : {0u, 1u, 59u, 60u, 100u, 150u, 200u}) {
+    for (size_t max_bytes : {size_t{1}, size_t{5000}, size_t{1} << 20}) {
+      auto range = store->LocateDeltasSince("t", from, max_bytes);
+      ASSERT_TRUE(range.ok()) << from << ": " << range.status().ToString();
+      ASSERT_TRUE(range->has_value()) << from;
+      const Store::WalDeltaRange& r = **range;
+      ASSERT_GE(r.records, 1u) << from;
+      EXPECT_EQ(r.first_version, from + 1);
+      EXPECT_EQ(r.last_version, from + r.records);
+      EXPECT_EQ(file_bytes(r), written_from(from, r.records)) << from << " " << max_bytes;
+      // It stops at the first record that reaches max_bytes.
+      EXPECT_LT(r.length - written[from + r.records - 1].size(), std::max<size_t>(max_bytes, 1)) << from;
+      if (max_bytes == 1) {
+        EXPECT_EQ(r.records, 1u);
+      }
+    }
+  }
+  // A stream catching up with it from version 0 gets every record once, in order.
+  uint64_t sent = 0;
+  std::string streamed;
+  for (int guard = 0; guard < 400 && sent < written.size(); ++guard) {
+    auto range = store->LocateDeltasSince("t", sent, 8000);
+    ASSERT_TRUE(range.ok()) << range.status().ToString();
+    if (!range->has_value()) {  // in memory: read as copies
+      auto copies = store->ReadDeltasSince("t", sent, 8000);
+      ASSERT_TRUE(copies.ok());
+      ASSERT_FALSE(copies->empty());
+      for (const auto& d : *copies) streamed += d;
+      sent += copies->size();
+      continue;
+    }
+    ASSERT_GE((*range)->records, 1u);
+    streamed += file_bytes(**range);
+    sent = (*range)->last_version;
+  }
+  EXPECT_EQ(sent, written.size());
+  EXPECT_EQ(streamed, written_from(0, written.size()));
+  // The newest version: no records. Newer than that: InvalidArgument.
+  auto none = store->LocateDeltasSince("t", 300, 1 << 20);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(!none->has_value() || (*none)->records == 0);
+  EXPECT_TRUE(store->LocateDeltasSince("t", 301, 1 << 20).status().code() == StatusCode::kInvalidArgument);
+  // Records are checked before they are named: a damaged body ends the range
+  // before it, and a range that would start there is NotFound.
+  uint64_t from = 120;
+  auto located = store->LocateDeltasSince("t", from, 1 << 20);
+  for (; located.ok() && located->has_value() && (*located)->records < 4 && from < 200; from += 3) {
+    located = store->LocateDeltasSince("t", from + 3, 1 << 20);
+  }
+  ASSERT_TRUE(located.ok() && located->has_value() && (*located)->records >= 4);
+  const std::string segment =
+      std::filesystem::read_symlink("/proc/self/fd/" + std::to_string((*located)->file.get())).string();
+  // Inside the third record of the range (written[from + 2], version from + 3).
+  const uint64_t damaged = (*located)->offset + written[from].size() + written[from + 1].size() + 40;
+  {
+    UniqueFd fd(::open(segment.c_str(), O_WRONLY));
+    ASSERT_TRUE(fd.valid()) << segment;
+    ASSERT_EQ(::pwrite(fd.get(), "X", 1, static_cast<off_t>(damaged)), 1);
+  }
+  auto before = store->LocateDeltasSince("t", from, 1 << 20);
+  ASSERT_TRUE(before.ok() && before->has_value()) << before.status().ToString();
+  EXPECT_EQ((*before)->records, 2u);
+  EXPECT_TRUE(store->LocateDeltasSince("t", from + 2, 1 << 20).status().IsNotFound());
+}
+
 TEST(TreeStore, ConcurrentCommitOpsNeverConflict) {
   TempDir tmp;
   auto store = OpenOrDie(tmp.path(), Opts());

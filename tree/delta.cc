@@ -130,6 +130,31 @@ Result<DeltaHeader> DecodeDeltaHeader(std::string_view encoded) {
   return PeekDeltaHeader(encoded.substr(0, encoded.size() - 4));
 }
 
+Result<std::vector<std::string_view>> SplitDeltaRun(std::string_view run) {
+  if (run.empty()) return Status::Corruption("an empty run of deltas");
+  std::vector<std::string_view> out;
+  size_t at = 0;
+  while (at < run.size()) {
+    const size_t left = run.size() - at;
+    if (left < kDeltaMinBytes) {
+      return Status::Corruption("delta run: " + std::to_string(left) + " bytes at offset " + std::to_string(at) +
+                                " are too few for a delta");
+    }
+    const uint32_t magic = DecodeFixed32(run.data() + at);
+    if (magic != kDeltaMagic && magic != kDeltaWithRequestMagic) {
+      return Status::Corruption("delta run: bad magic at offset " + std::to_string(at));
+    }
+    const uint32_t total = DecodeFixed32(run.data() + at + 4);
+    if (total < kDeltaMinBytes || total > left) {
+      return Status::Corruption("delta run: the delta at offset " + std::to_string(at) + " claims " +
+                                std::to_string(total) + " bytes, " + std::to_string(left) + " remain");
+    }
+    out.push_back(run.substr(at, total));
+    at += total;
+  }
+  return out;
+}
+
 Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix) {
   if (prefix.size() < 8) return Status::Corruption("delta header of " + std::to_string(prefix.size()) + " bytes");
   const uint32_t magic = DecodeFixed32(prefix.data());

@@ -121,6 +121,14 @@ inline constexpr size_t kDeltaPeekBytes = 256;
 // if the prefix does not hold a delta's header.
 Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix);
 
+// Splits a run of whole encodings laid end to end (consecutive WAL records,
+// as a replica receives them from its leader's WAL) into one view per
+// delta, by each one's length field. Checks only what the split needs: the
+// magic, and a length of at least kDeltaMinBytes that fits in what remains;
+// each delta's CRC and fields are checked by whoever decodes it. Corruption
+// otherwise, or when the run is empty.
+Result<std::vector<std::string_view>> SplitDeltaRun(std::string_view run);
+
 // Applies `ops` in order to `root` by path copying and returns the new root;
 // `root` itself is never modified. InvalidArgument (naming the op and path) if
 // an op addresses a node or child index that does not exist, or deletes a

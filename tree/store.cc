@@ -799,6 +799,81 @@ class StoreImpl final : public Store {
 
   // ------------------------------------------------------------ WAL reads
 
+  // True when TreeState::recent holds the delta right after `version`, so
+  // the deltas after it are read from memory. REQUIRES: t.mu held.
+  static bool RecentHoldsLocked(const TreeState& t, uint64_t version) {
+    return version < t.latest.number() && !t.recent.empty() && t.recent.front().first <= version + 1;
+  }
+
+  // Walks the WAL records of new versions version+1, version+2, ... in
+  // order (`segments`: a copy of the tree's list, `latest`: its newest
+  // version, both taken under t.mu), handing each to take(its segment, the
+  // record, the offset just past it in that file). Stops when take returns
+  // false, at `latest`, where the records stop being consecutive, or, with
+  // one_segment, at the end of the first segment. Each record is checked
+  // (header, length, CRC) before it is handed on; the records before the
+  // first one are passed over unread (ScanSegment's skip_through_version).
+  // Ok with nothing taken when version == latest; NotFound when the WAL no
+  // longer holds the delta right after `version`; InvalidArgument when
+  // version > latest.
+  Status WalkDeltasSince(TreeState& t, uint64_t version, uint64_t latest, const std::vector<WalSegment>& segments,
+                         bool one_segment,
+                         const std::function<bool(const WalSegment&, std::string_view, uint64_t)>& take) const {
+    if (version > latest) {
+      return Status::InvalidArgument(TreeLabel(t) + ": version " + std::to_string(version) +
+                                     " is newer than the newest version " + std::to_string(latest));
+    }
+    if (version == latest) return Status::Ok();
+    auto not_retained = [&] {
+      return Status::NotFound(TreeLabel(t) + ": the WAL no longer holds the delta after version " +
+                              std::to_string(version) + " (a snapshot is needed)");
+    };
+    size_t i = 0;
+    while (i < segments.size() && segments[i].last_version <= version) ++i;
+    if (i == segments.size() || segments[i].first_version > version + 1) return not_retained();
+    uint64_t expected_base = version;
+    bool taken_any = false;
+    bool more = true;
+    const Status stop = Status::Aborted("enough");
+    std::string cursor_path;  // where the last record handed out ends
+    uint64_t cursor_offset = 0;
+    for (; i < segments.size(); ++i) {
+      const WalSegment& seg = segments[i];
+      if (seg.first_version > expected_base + 1) break;  // a gap: the rest is not contiguous
+      // The first segment may be entered where an earlier read stopped.
+      uint64_t start = taken_any ? 0 : t.FindCursor(expected_base, seg.path);
+      Result<SegmentScan> scan = SegmentScan{};
+      for (;;) {
+        bool taken_here = false;
+        uint64_t pos = 0;  // just past the record handed to the callback (ScanSegment sets it)
+        scan = ScanSegment(
+            seg.path, seg.bytes,
+            [&](const Delta& d, std::string_view record) -> Status {
+              if (d.new_version <= expected_base) return Status::Ok();
+              if (d.base_version != expected_base) return stop;
+              taken_here = taken_any = true;
+              expected_base = d.new_version;
+              cursor_path = seg.path;
+              cursor_offset = pos;
+              more = take(seg, record, pos);
+              if (!more || expected_base >= latest) return stop;
+              return Status::Ok();
+            },
+            start, /*headers_only=*/true, /*skip_through_version=*/expected_base, &pos);
+        if (start == 0 || taken_here) break;
+        start = 0;  // the cursor led nowhere (stale): read the segment whole
+      }
+      if (!scan.ok() && scan.status().code() != StatusCode::kAborted) {
+        if (scan.status().IsNotFound()) return not_retained();  // segment deleted meanwhile
+        return scan.status();
+      }
+      if (!scan.ok() || !more || expected_base >= latest || one_segment) break;
+    }
+    if (!taken_any) return not_retained();
+    if (cursor_offset > 0) t.RememberCursor(expected_base, cursor_path, cursor_offset);
+    return Status::Ok();
+  }
+
   Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                    size_t max_bytes) const override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
@@ -807,7 +882,7 @@ class StoreImpl final : public Store {
     {
       std::lock_guard lk(t->mu);
       latest = t->latest.number();
-      if (version < latest && !t->recent.empty() && t->recent.front().first <= version + 1) {
+      if (RecentHoldsLocked(*t, version)) {
         // Served from memory: the same records the WAL holds (TreeState::recent).
         std::vector<std::string> recent;
         size_t bytes = 0;
@@ -821,58 +896,63 @@ class StoreImpl final : public Store {
       segments = t->wal->segments();
     }
     std::vector<std::string> out;
-    if (version > latest) {
-      return Status::InvalidArgument(TreeLabel(*t) + ": version " + std::to_string(version) +
-                                     " is newer than the newest version " + std::to_string(latest));
-    }
-    if (version == latest) return out;
-    auto not_retained = [&] {
-      return Status::NotFound(TreeLabel(*t) + ": the WAL no longer holds the delta after version " +
-                              std::to_string(version) + " (a snapshot is needed)");
-    };
-    size_t i = 0;
-    while (i < segments.size() && segments[i].last_version <= version) ++i;
-    if (i == segments.size() || segments[i].first_version > version + 1) return not_retained();
-    uint64_t expected_base = version;
     size_t bytes = 0;
-    const Status stop = Status::Aborted("enough");
-    std::string cursor_path;  // where the last delta handed out ends
-    uint64_t cursor_offset = 0;
-    for (; i < segments.size(); ++i) {
-      const WalSegment& seg = segments[i];
-      if (seg.first_version > expected_base + 1) break;  // a gap: the rest is not contiguous
-      // The first segment may be entered where an earlier read stopped.
-      uint64_t start = out.empty() ? t->FindCursor(expected_base, seg.path) : 0;
-      Result<SegmentScan> scan = SegmentScan{};
-      for (;;) {
-        const size_t had = out.size();
-        uint64_t pos = 0;  // just past the record handed to the callback (ScanSegment sets it)
-        scan = ScanSegment(
-            seg.path, seg.bytes,
-            [&](const Delta& d, std::string_view enc) -> Status {
-              if (d.new_version <= expected_base) return Status::Ok();
-              if (d.base_version != expected_base) return stop;
-              out.emplace_back(enc);
-              expected_base = d.new_version;
-              bytes += enc.size();
-              cursor_path = seg.path;
-              cursor_offset = pos;
-              if (bytes >= max_bytes || expected_base >= latest) return stop;
-              return Status::Ok();
-            },
-            start, /*headers_only=*/true, /*skip_through_version=*/expected_base, &pos);
-        if (start == 0 || out.size() > had) break;
-        start = 0;  // the cursor led nowhere (stale): read the segment whole
-      }
-      if (!scan.ok() && scan.status().code() != StatusCode::kAborted) {
-        if (scan.status().IsNotFound()) return not_retained();  // segment deleted meanwhile
-        return scan.status();
-      }
-      if (!scan.ok() || bytes >= max_bytes || expected_base >= latest) break;
-    }
-    if (out.empty()) return not_retained();
-    if (cursor_offset > 0) t->RememberCursor(expected_base, cursor_path, cursor_offset);
+    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, latest, segments, /*one_segment=*/false,
+                                           [&](const WalSegment&, std::string_view record, uint64_t) {
+                                             out.emplace_back(record);
+                                             bytes += record.size();
+                                             return bytes < max_bytes;
+                                           }));
     return out;
+  }
+
+  Result<std::optional<WalDeltaRange>> LocateDeltasSince(std::string_view tree, uint64_t version,
+                                                         size_t max_bytes) const override {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    std::vector<WalSegment> segments;
+    uint64_t latest;
+    {
+      std::lock_guard lk(t->mu);
+      latest = t->latest.number();
+      if (RecentHoldsLocked(*t, version)) return std::optional<WalDeltaRange>();
+      segments = t->wal->segments();
+    }
+    WalDeltaRange range;
+    std::string path;
+    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, latest, segments, /*one_segment=*/true,
+                                           [&](const WalSegment& seg, std::string_view record, uint64_t end) {
+                                             if (range.records == 0) {
+                                               path = seg.path;
+                                               range.offset = end - record.size();
+                                               range.first_version = version + 1;
+                                             }
+                                             ++range.records;
+                                             range.length = end - range.offset;
+                                             return range.length < max_bytes;
+                                           }));
+    if (range.records == 0) return std::optional<WalDeltaRange>(std::move(range));  // version is the newest
+    range.last_version = version + range.records;
+    // The records were read by path; the descriptor must be that file. A
+    // segment is only ever appended to, so its first record there still
+    // names the first version unless the file was deleted (a truncation
+    // after a checkpoint) or replaced since: then the caller reads the
+    // deltas as copies, which sorts that case out as before.
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == ENOENT) return std::optional<WalDeltaRange>();
+      return ErrnoStatus(errno, "open " + path);
+    }
+    char head[kDeltaPeekBytes];
+    const ssize_t n = ::pread(fd.get(), head, sizeof head, static_cast<off_t>(range.offset));
+    if (n < 0) return ErrnoStatus(errno, "read " + path);
+    auto first = PeekDeltaHeader(std::string_view(head, static_cast<size_t>(n)));
+    struct stat st {};
+    if (!first.ok() || first->new_version != range.first_version || ::fstat(fd.get(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) < range.offset + range.length) {
+      return std::optional<WalDeltaRange>();
+    }
+    range.file = std::move(fd);
+    return std::optional<WalDeltaRange>(std::move(range));
   }
 
   // ------------------------------------------------------------ maintenance

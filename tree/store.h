@@ -72,6 +72,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -396,6 +397,30 @@ class Store {
   // whichever way it was read.
   virtual Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                            size_t max_bytes = 64 << 20) const = 0;
+
+  // Where the deltas after `version` lie in the WAL, for a sender that hands
+  // them on as the file's bytes (a replica stream: sendfile on TCP, an RDMA
+  // READ of the mapping) instead of copies: the records of new versions
+  // first_version..last_version, consecutive and whole, as bytes
+  // [offset, offset + length) of one segment file, open in `file`. It ends
+  // at that segment's end, or at the first record that reaches max_bytes
+  // (one record at least). Every record is checked as ReadDeltasSince checks
+  // it (header, length, CRC), with the same cost: the records before the
+  // first are passed over unread.
+  // nullopt when ReadDeltasSince is the better read: the deltas are held in
+  // memory (a stream that keeps up), or the segment went away meanwhile (a
+  // truncation after a checkpoint). A range of no records when `version` is
+  // the newest; NotFound and InvalidArgument as ReadDeltasSince.
+  struct WalDeltaRange {
+    UniqueFd file;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint64_t first_version = 0;
+    uint64_t last_version = 0;
+    uint64_t records = 0;
+  };
+  virtual Result<std::optional<WalDeltaRange>> LocateDeltasSince(std::string_view tree, uint64_t version,
+                                                                 size_t max_bytes) const = 0;
 
   // Writes a checkpoint of the newest version now (synchronously) and
   // returns its version number. Does not truncate the WAL. Of the older
