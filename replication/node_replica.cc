@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -12,25 +13,50 @@
 #include "tree/snapshot.h"
 
 namespace canopy::replication {
+
+void RecordBufferPool::Buffer::Grow(size_t size, size_t keep) {
+  const size_t grown = std::max(size, capacity * 2);
+  auto bigger = std::make_unique_for_overwrite<char[]>(grown);
+  if (keep > 0) std::memcpy(bigger.get(), bytes.get(), keep);
+  bytes = std::move(bigger);
+  capacity = grown;
+}
+
+RecordBufferPool::Buffer RecordBufferPool::Take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.empty()) return Buffer{};
+  Buffer b = std::move(free_.back());
+  free_.pop_back();
+  return b;
+}
+
+void RecordBufferPool::Give(Buffer buffer) {
+  if (buffer.capacity == 0 || buffer.capacity > kKeepBytes) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < kMaxKept) free_.push_back(std::move(buffer));
+}
+
 namespace {
 
-// DELTA_RECORDS' bulk bytes land in pieces of this size; the buffer grows
-// as they arrive, never to what a header merely announces.
+// DELTA_RECORDS' bulk bytes land in pieces of this size.
 constexpr uint64_t kRecordPieceBytes = 2u << 20;
-// A record buffer grown past this (a huge delta) is given back after use.
-constexpr size_t kRecordBufferKeepBytes = 16u << 20;
+// Room made at once for an announced run of records: a leader sends up to
+// kDeltaBatchBytes plus the record that crosses it. The buffer is not
+// zero-filled, so room costs address space, not pages; beyond this it
+// grows as bytes arrive, never to what a header merely announces.
+constexpr uint64_t kRecordReserveBytes = 8u << 20;
 
-// Receives the `bytes` bulk bytes of a DELTA_RECORDS into the front of
-// *buffer, which the stream keeps from one message to the next (its pages
-// are then already faulted in) and which only ever grows here.
+// Receives the `bytes` bulk bytes of a DELTA_RECORDS into the front of *buffer.
 Status ReceiveDeltaRecords(transport::Connection& conn, uint64_t bytes, std::chrono::milliseconds io_timeout,
-                           std::string* buffer) {
+                           RecordBufferPool::Buffer* buffer) {
+  const auto reserve = static_cast<size_t>(std::min(bytes, kRecordReserveBytes));
+  if (buffer->capacity < reserve) buffer->Grow(reserve, 0);
   uint64_t have = 0;
   while (have < bytes) {
     const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
-    if (buffer->size() < have + piece) buffer->resize(static_cast<size_t>(have + piece));
+    if (buffer->capacity < have + piece) buffer->Grow(static_cast<size_t>(have + piece), static_cast<size_t>(have));
     // Bounded by the transport's own no-progress limit (io_timeout).
-    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->data() + have), piece,
+    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->bytes.get() + have), piece,
                                             Deadline::After(io_timeout)));
     have += piece;
   }
@@ -150,7 +176,6 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   std::unique_ptr<tree::SnapshotInstaller> installer;
   uint64_t expected_chunk = 0;
   uint64_t snapshot_bytes = 0;  // of the snapshot being installed (metrics)
-  std::string records_buffer;   // DELTA_RECORDS land here (ReceiveDeltaRecords)
   auto last_message = Clock::now();
   auto last_keepalive = Clock::now();
   // Under mu, before anything of this epoch is applied: the leadership is
@@ -274,10 +299,11 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
               fmt::format("DELTA_RECORDS announces {} bytes but carries {} bulk bytes", r.bytes, m->bulk_bytes));
         }
         CANOPY_RETURN_IF_ERROR(check_epoch(r.epoch));
-        CANOPY_RETURN_IF_ERROR(ReceiveDeltaRecords(conn, r.bytes, topts.io_timeout, &records_buffer));
+        RecordBufferPool::Buffer buffer = record_buffers.Take();
+        CANOPY_RETURN_IF_ERROR(ReceiveDeltaRecords(conn, r.bytes, topts.io_timeout, &buffer));
         CANOPY_ASSIGN_OR_RETURN(
             std::vector<std::string_view> deltas,
-            tree::SplitDeltaRun(std::string_view(records_buffer.data(), static_cast<size_t>(r.bytes))));
+            tree::SplitDeltaRun(std::string_view(buffer.bytes.get(), static_cast<size_t>(r.bytes))));
         if (deltas.size() != r.count) {
           return Status::Corruption(
               fmt::format("DELTA_RECORDS announces {} deltas but carries {}", r.count, deltas.size()));
@@ -290,7 +316,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         if (!applied.ok()) return applied.status().WithContext("applying WAL records from the leader");
         if (*applied != r.base_version + r.count)
           return Status::Corruption("delta versions do not match their DELTA_RECORDS header");
-        if (records_buffer.size() > kRecordBufferKeepBytes) std::string().swap(records_buffer);
+        record_buffers.Give(std::move(buffer));
         metrics->DeltaRecordsReceived(r.bytes);
         tag_data(*applied);
         ++unacked;
