@@ -30,6 +30,9 @@ bool ParseCheckpointName(std::string_view name, uint64_t* version);
 class BufferedFileReader {
  public:
   BufferedFileReader(UniqueFd fd, std::string path, uint64_t limit = UINT64_MAX);
+  ~BufferedFileReader();
+  BufferedFileReader(const BufferedFileReader&) = delete;
+  BufferedFileReader& operator=(const BufferedFileReader&) = delete;
   // Up to n bytes from the current position (fewer only at end of file/limit).
   Result<std::string_view> Peek(size_t n);
   void Skip(size_t n);
@@ -54,7 +57,11 @@ class BufferedFileReader {
   uint64_t offset_ = 0;       // file offset of buf_[pos_]
   uint64_t file_pos_ = 0;     // file offset of the next read
   size_t read_ahead_ = 1 << 20;
-  std::string buf_;
+  // Not zero-filled; taken from (and given back to) a per-thread cache, so
+  // that the scans a thread runs one after another (a leader's stream
+  // reading the records it sends) reuse pages already faulted in.
+  std::unique_ptr<char[]> buf_;
+  size_t capacity_ = 0;
   size_t pos_ = 0, end_ = 0;  // valid bytes are buf_[pos_, end_)
 };
 
