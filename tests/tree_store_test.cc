@@ -264,18 +264,27 @@ TEST(TreeStore, ConcurrentCommitOpsBatchesAndSingleCommitsNeverConflict) {
   EXPECT_EQ((*reopened->Latest("t")).root()->attribute_count(), size_t{kAll});
 }
 
+// `count` commits to tree "t", each putting a ~1 KiB value in the root;
+// their encoded deltas (fewer if a commit fails).
+std::vector<std::string> CommitKilobyteValues(Store& store, int count) {
+  std::vector<std::string> written;
+  for (int i = 0; i < count; ++i) {
+    auto r = store.CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) break;
+    written.push_back(r->encoded_delta);
+  }
+  return written;
+}
+
 TEST(TreeStore, ReadDeltasSinceGivesTheWalsRecordsWhetherRecentOrOld) {
   TempDir tmp;
   auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kNone));
   ASSERT_TRUE(store->CreateTree("t").ok());
   // 300 commits of about 1 KiB: more than the store keeps in memory, so the
   // old ones come from the WAL file and the newest from memory.
-  std::vector<std::string> written;
-  for (int i = 0; i < 300; ++i) {
-    auto r = store->CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
-    ASSERT_TRUE(r.ok());
-    written.push_back(r->encoded_delta);
-  }
+  const std::vector<std::string> written = CommitKilobyteValues(*store, 300);
+  ASSERT_EQ(written.size(), 300u);
   auto all = store->ReadDeltasSince("t", 0);
   ASSERT_TRUE(all.ok()) << all.status().ToString();
   EXPECT_EQ(*all, written);
@@ -316,12 +325,8 @@ TEST(TreeStore, LocateDeltasSinceNamesTheWalsOwnRecords) {
   o.wal_segment_bytes = 64 << 10;  // several segments of ~60 records
   auto store = OpenOrDie(tmp.path(), o);
   ASSERT_TRUE(store->CreateTree("t").ok());
-  std::vector<std::string> written;
-  for (int i = 0; i < 300; ++i) {
-    auto r = store->CommitOps("t", PutRoot("k" + std::to_string(i), std::string(1000, 'a' + i % 26)));
-    ASSERT_TRUE(r.ok());
-    written.push_back(r->encoded_delta);
-  }
+  const std::vector<std::string> written = CommitKilobyteValues(*store, 300);
+  ASSERT_EQ(written.size(), 300u);
   ASSERT_GT(Files(tmp.path() + "/trees/t", "wal-").size(), 3u);
   auto file_bytes = [](const Store::WalDeltaRange& range) {
     std::string bytes(range.length, '\0');

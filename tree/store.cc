@@ -799,15 +799,30 @@ class StoreImpl final : public Store {
 
   // ------------------------------------------------------------ WAL reads
 
-  // True when TreeState::recent holds the delta right after `version`, so
-  // the deltas after it are read from memory. REQUIRES: t.mu held.
-  static bool RecentHoldsLocked(const TreeState& t, uint64_t version) {
-    return version < t.latest.number() && !t.recent.empty() && t.recent.front().first <= version + 1;
+  // Where a read of the deltas after a version starts, taken under t.mu:
+  // the newest version and a copy of the WAL's segment list, or in_memory
+  // when TreeState::recent holds the delta right after `version` (then
+  // `read_recent`, if given, runs under the lock and the WAL is not read).
+  struct WalView {
+    uint64_t latest = 0;
+    std::vector<WalSegment> segments;
+    bool in_memory = false;
+  };
+  static WalView ViewWal(TreeState& t, uint64_t version, const std::function<void()>& read_recent) {
+    std::lock_guard lk(t.mu);
+    WalView view;
+    view.latest = t.latest.number();
+    if (version < view.latest && !t.recent.empty() && t.recent.front().first <= version + 1) {
+      view.in_memory = true;
+      if (read_recent) read_recent();
+      return view;
+    }
+    view.segments = t.wal->segments();
+    return view;
   }
 
   // Walks the WAL records of new versions version+1, version+2, ... in
-  // order (`segments`: a copy of the tree's list, `latest`: its newest
-  // version, both taken under t.mu), handing each to take(its segment, the
+  // order (`segments` and `latest` from ViewWal), handing each to take(its segment, the
   // record, the offset just past it in that file). Stops when take returns
   // false, at `latest`, where the records stop being consecutive, or, with
   // one_segment, at the end of the first segment. Each record is checked
@@ -877,27 +892,18 @@ class StoreImpl final : public Store {
   Result<std::vector<std::string>> ReadDeltasSince(std::string_view tree, uint64_t version,
                                                    size_t max_bytes) const override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
-    std::vector<WalSegment> segments;
-    uint64_t latest;
-    {
-      std::lock_guard lk(t->mu);
-      latest = t->latest.number();
-      if (RecentHoldsLocked(*t, version)) {
-        // Served from memory: the same records the WAL holds (TreeState::recent).
-        std::vector<std::string> recent;
-        size_t bytes = 0;
-        for (auto it = t->recent.begin() + static_cast<std::ptrdiff_t>(version + 1 - t->recent.front().first);
-             it != t->recent.end() && bytes < max_bytes; ++it) {
-          recent.push_back(it->second);
-          bytes += it->second.size();
-        }
-        return recent;
-      }
-      segments = t->wal->segments();
-    }
     std::vector<std::string> out;
     size_t bytes = 0;
-    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, latest, segments, /*one_segment=*/false,
+    const WalView view = ViewWal(*t, version, [&] {
+      // Served from memory: the same records the WAL holds (TreeState::recent).
+      for (auto it = t->recent.begin() + static_cast<std::ptrdiff_t>(version + 1 - t->recent.front().first);
+           it != t->recent.end() && bytes < max_bytes; ++it) {
+        out.push_back(it->second);
+        bytes += it->second.size();
+      }
+    });
+    if (view.in_memory) return out;
+    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, view.latest, view.segments, /*one_segment=*/false,
                                            [&](const WalSegment&, std::string_view record, uint64_t) {
                                              out.emplace_back(record);
                                              bytes += record.size();
@@ -909,17 +915,11 @@ class StoreImpl final : public Store {
   Result<std::optional<WalDeltaRange>> LocateDeltasSince(std::string_view tree, uint64_t version,
                                                          size_t max_bytes) const override {
     CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
-    std::vector<WalSegment> segments;
-    uint64_t latest;
-    {
-      std::lock_guard lk(t->mu);
-      latest = t->latest.number();
-      if (RecentHoldsLocked(*t, version)) return std::optional<WalDeltaRange>();
-      segments = t->wal->segments();
-    }
+    const WalView view = ViewWal(*t, version, nullptr);
+    if (view.in_memory) return std::optional<WalDeltaRange>();
     WalDeltaRange range;
     std::string path;
-    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, latest, segments, /*one_segment=*/true,
+    CANOPY_RETURN_IF_ERROR(WalkDeltasSince(*t, version, view.latest, view.segments, /*one_segment=*/true,
                                            [&](const WalSegment& seg, std::string_view record, uint64_t end) {
                                              if (range.records == 0) {
                                                path = seg.path;
