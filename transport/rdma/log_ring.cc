@@ -23,9 +23,11 @@ using namespace std::chrono_literals;
 
 constexpr size_t kPage = 4096;
 constexpr uint32_t kFeedbackSources = RdmaConnection::kOneSidedWrites;
-// A record whose trailer is there but whose CRC does not match yet may still
-// be landing (a NIC need not place the bytes of one WRITE in order); after
-// this long it is corrupt.
+// A record whose trailer is there but whose CRC does not match yet, or whose
+// seq is there but whose length field does not fit the ring yet, may still be
+// landing (a NIC need not place the bytes of one WRITE in order, and a reader
+// may see its seq before its length: rxe copies a packet with memcpy while
+// the reader polls); after this long it is corrupt.
 constexpr auto kSettleBound = 1s;
 constexpr int kSpinPolls = 200;
 
@@ -145,7 +147,7 @@ class LogRingReceiver::Impl {
       if (length == kRingPadLength) {
         const RingRecordHeader pad = DecodeRingRecordHeader(at);
         if (pad.crc != RingRecordCrc(pad, {})) {
-          CANOPY_RETURN_IF_ERROR(CheckSettled());
+          CANOPY_RETURN_IF_ERROR(CheckSettled(BadCrc()));
           return std::optional<std::string_view>();
         }
         CANOPY_RETURN_IF_ERROR(CheckEpoch(pad.epoch));
@@ -157,14 +159,15 @@ class LogRingReceiver::Impl {
       }
       const uint64_t bytes = RingRecordBytes(length);
       if (bytes > left) {
-        return Status::Corruption(fmt::format("rdma: log ring record {} of {} bytes at offset {} overruns the ring",
-                                              next_seq_, length, position));
+        CANOPY_RETURN_IF_ERROR(CheckSettled(
+            fmt::format("record {} of {} bytes at offset {} overruns the ring", next_seq_, length, position)));
+        return std::optional<std::string_view>();
       }
       if (LoadLe64(at + bytes - kRingRecordTrailerSize) != next_seq_) return std::optional<std::string_view>();
       const RingRecordHeader header = DecodeRingRecordHeader(at);
       const std::string_view payload(at + kRingRecordHeaderSize, length);
       if (header.crc != RingRecordCrc(header, payload)) {
-        CANOPY_RETURN_IF_ERROR(CheckSettled());
+        CANOPY_RETURN_IF_ERROR(CheckSettled(BadCrc()));
         return std::optional<std::string_view>();
       }
       CANOPY_RETURN_IF_ERROR(CheckEpoch(header.epoch));
@@ -222,7 +225,9 @@ class LogRingReceiver::Impl {
         "rdma: log ring record {} carries epoch {}, but the ring is at epoch {}", next_seq_, epoch, epoch_));
   }
 
-  Status CheckSettled() {
+  // Ok while the record at the read position may still be landing
+  // (kSettleBound); then Corruption naming `what` is wrong with it.
+  Status CheckSettled(const std::string& what) {
     const auto now = Clock::now();
     if (!settling_) {
       settling_ = true;
@@ -230,8 +235,10 @@ class LogRingReceiver::Impl {
       return Status::Ok();
     }
     if (now - settling_since_ < kSettleBound) return Status::Ok();
-    return Status::Corruption(
-        fmt::format("rdma: log ring record {} at offset {} has a bad CRC", next_seq_, consumed_ % ring_.size()));
+    return Status::Corruption("rdma: log ring " + what);
+  }
+  std::string BadCrc() const {
+    return fmt::format("record {} at offset {} has a bad CRC", next_seq_, consumed_ % ring_.size());
   }
 
   // Writes {consumed, durable} into the writer's feedback block.
