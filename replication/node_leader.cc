@@ -211,19 +211,26 @@ Status Node::Impl::SendDeltasLocked(StreamSender& s, size_t max_bytes, bool* any
                                     bool* deferred) {
   *any = false;
   const uint64_t sent = s.sent.load();
+  // Whether `bytes` more (up to version `end`) may go now: a direct send
+  // defers what would overrun the replica's unacked window. If so, they
+  // are counted as sent and unacked.
+  auto admit = [&](uint64_t bytes, uint64_t end) {
+    if (direct_acked != nullptr && s.UnackedBytes(*direct_acked) + bytes > kDirectUnackedBytes) {
+      *deferred = true;
+      return false;
+    }
+    s.bytes_sent += bytes;
+    s.unacked_frames.emplace_back(end, s.bytes_sent);
+    *any = true;
+    return true;
+  };
   // A replica behind the deltas kept in memory (joining, or catching up)
   // gets them as the WAL's own bytes on the bulk path: nothing is copied or
   // encoded here, and on TCP the bytes go by sendfile.
   CANOPY_ASSIGN_OR_RETURN(auto range, store->LocateDeltasSince(s.tree, sent, max_bytes));
   if (range && range->records == 0) return Status::Ok();
   if (range && range->length <= kMaxBlobBytes) {
-    if (direct_acked != nullptr && s.UnackedBytes(*direct_acked) + range->length > kDirectUnackedBytes) {
-      *deferred = true;
-      return Status::Ok();
-    }
-    s.bytes_sent += range->length;
-    s.unacked_frames.emplace_back(range->last_version, s.bytes_sent);
-    *any = true;
+    if (!admit(range->length, range->last_version)) return Status::Ok();
     DeltaRecords records{s.tree, s.epoch, sent, range->records, range->length};
     CANOPY_RETURN_IF_ERROR(
         s.conn.SendWithBulk(static_cast<uint16_t>(MessageType::kDeltaRecords), Encode(records),
@@ -236,13 +243,7 @@ Status Node::Impl::SendDeltasLocked(StreamSender& s, size_t max_bytes, bool* any
   if (deltas.empty()) return Status::Ok();
   uint64_t bytes = 0;
   for (const auto& d : deltas) bytes += d.size();
-  if (direct_acked != nullptr && s.UnackedBytes(*direct_acked) + bytes > kDirectUnackedBytes) {
-    *deferred = true;
-    return Status::Ok();
-  }
-  s.bytes_sent += bytes;
-  s.unacked_frames.emplace_back(sent + deltas.size(), s.bytes_sent);
-  *any = true;
+  if (!admit(bytes, sent + deltas.size())) return Status::Ok();
   if (deltas.size() == 1) {
     CANOPY_RETURN_IF_ERROR(SendMessage(s.conn, Delta{s.tree, s.epoch, sent, sent + 1, std::move(deltas.front())}));
     s.sent = sent + 1;

@@ -219,6 +219,23 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // Deltas applied since the last ACK: acked once no further message is
   // already waiting (one ACK then covers several), or after kDeltasPerAck.
   uint32_t unacked = 0;
+  // Applies consecutive encoded deltas taking the tree from `base` to
+  // base + deltas.size() (DELTA_BATCH, DELTA_RECORDS), creating the tree
+  // for a first run; `what` and `header` name them in errors.
+  auto apply_run = [&](uint64_t base, std::span<const std::string_view> deltas, const char* what,
+                       const char* header) -> Status {
+    if (!store->HasTree(tree_name) && base == 0) {
+      Status c = store->CreateTree(tree_name);
+      if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
+    }
+    auto applied = store->ApplyEncodedDeltas(deltas);
+    if (!applied.ok()) return applied.status().WithContext(std::string("applying ") + what);
+    if (*applied != base + deltas.size())
+      return Status::Corruption(std::string("delta versions do not match ") + header);
+    tag_data(*applied);
+    ++unacked;
+    return Status::Ok();
+  };
   while (!stopping) {
     if (unacked >= kDeltasPerAck) {
       CANOPY_RETURN_IF_ERROR(SendAck(conn, tree_name, epoch, snapshots_installed, &last_acked));
@@ -279,16 +296,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         CANOPY_ASSIGN_OR_RETURN(DeltaBatchView b, DecodeDeltaBatchView(m->payload));  // views into m's payload
         if (b.tree != tree_name) return Status::Corruption("DELTA_BATCH for another tree");
         CANOPY_RETURN_IF_ERROR(check_epoch(b.epoch));
-        if (!store->HasTree(tree_name) && b.base_version == 0) {
-          Status c = store->CreateTree(tree_name);
-          if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
-        }
-        auto applied = store->ApplyEncodedDeltas(b.deltas);
-        if (!applied.ok()) return applied.status().WithContext("applying a batch of deltas");
-        if (*applied != b.base_version + b.deltas.size())
-          return Status::Corruption("delta versions do not match their batch header");
-        tag_data(*applied);
-        ++unacked;
+        CANOPY_RETURN_IF_ERROR(apply_run(b.base_version, b.deltas, "a batch of deltas", "their batch header"));
         break;
       }
       case MessageType::kDeltaRecords: {
@@ -308,18 +316,10 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
           return Status::Corruption(
               fmt::format("DELTA_RECORDS announces {} deltas but carries {}", r.count, deltas.size()));
         }
-        if (!store->HasTree(tree_name) && r.base_version == 0) {
-          Status c = store->CreateTree(tree_name);
-          if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
-        }
-        auto applied = store->ApplyEncodedDeltas(deltas);
-        if (!applied.ok()) return applied.status().WithContext("applying WAL records from the leader");
-        if (*applied != r.base_version + r.count)
-          return Status::Corruption("delta versions do not match their DELTA_RECORDS header");
+        CANOPY_RETURN_IF_ERROR(
+            apply_run(r.base_version, deltas, "WAL records from the leader", "their DELTA_RECORDS header"));
         record_buffers.Give(std::move(buffer));
         metrics->DeltaRecordsReceived(r.bytes);
-        tag_data(*applied);
-        ++unacked;
         break;
       }
       case MessageType::kSnapshotBegin: {
