@@ -523,6 +523,12 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
                                  (remote_mac_known_ ? "" : " (no ARP reply)")));
       return;
     }
+    // The ARP reply is in (the port learned the peer's MAC): send the SYN
+    // now rather than at the next handshake retry, 50 ms or more away.
+    if (!remote_mac_known_ && out.Neighbour(params_.remote_ip, &remote_mac_)) {
+      remote_mac_known_ = true;
+      handshake_next_ns_ = now;
+    }
     if (now < handshake_next_ns_) return;
     handshake_next_ns_ = now + handshake_interval_ns_;
     handshake_interval_ns_ = std::min(2 * handshake_interval_ns_, kHandshakeMaxNs);
