@@ -85,6 +85,32 @@ TEST(DpdkTransport, UnknownPortIsNotFound) {
   EXPECT_EQ(v6.status().code(), StatusCode::kInvalidArgument) << v6.status().ToString();
 }
 
+// Prepare brings the port up without a peer: it returns at once for an
+// address nobody listens on (Connect there would wait for connect_timeout),
+// fails as Connect would for a port that does not exist, and goes through
+// fault+ to the inner transport.
+TEST(DpdkTransport, PrepareStartsThePortWithoutAPeer) {
+  RegisterBuiltinTransports();
+  TransportOptions options = MemifOptions("port=1");
+  options.connect_timeout = 10s;
+  auto t = TransportRegistry::Global().Create("dpdk", options);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  Status prepared = (*t)->Prepare(*ParseEndpoint("dpdk://10.0.0.77:4000"));
+  EXPECT_TRUE(prepared.ok()) << prepared.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "Prepare waited for a peer";
+
+  Status missing = (*t)->Prepare(*ParseEndpoint("dpdk://10.0.0.77:4000?port=net_memif9"));
+  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+  auto dialed = (*t)->Connect(*ParseEndpoint("dpdk://10.0.0.77:4000?port=net_memif9"));
+  EXPECT_EQ(dialed.status().code(), StatusCode::kNotFound) << dialed.status().ToString();
+
+  EXPECT_TRUE(PrepareDial("fault+dpdk://10.0.0.77:4000?drop=0.1", options).ok());
+  Status bad_fault = PrepareDial("fault+dpdk://10.0.0.77:4000?drop=7", options);
+  EXPECT_EQ(bad_fault.code(), StatusCode::kInvalidArgument) << bad_fault.ToString();
+  EXPECT_EQ(PrepareDial("nosuch://10.0.0.77:4000", options).code(), StatusCode::kNotFound);
+}
+
 // A SegmentOutput that records what a connection asks of the port and knows
 // a MAC only once told (the ARP reply).
 class RecordingOutput final : public dpdk::SegmentOutput {

@@ -82,6 +82,13 @@ Result<std::unique_ptr<Connection>> Dial(std::string_view uri, const TransportOp
   return transport->Connect(endpoint);
 }
 
+Status PrepareDial(std::string_view uri, const TransportOptions& options) {
+  CANOPY_ASSIGN_OR_RETURN(Endpoint endpoint, ParseEndpoint(uri));
+  CANOPY_ASSIGN_OR_RETURN(std::shared_ptr<Transport> transport,
+                          TransportRegistry::Global().Create(endpoint.scheme, options));
+  return transport->Prepare(endpoint);
+}
+
 Result<std::unique_ptr<Listener>> ListenOn(std::string_view uri, const TransportOptions& options) {
   CANOPY_ASSIGN_OR_RETURN(Endpoint endpoint, ParseEndpoint(uri));
   CANOPY_ASSIGN_OR_RETURN(std::shared_ptr<Transport> transport,

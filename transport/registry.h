@@ -56,5 +56,9 @@ class TransportRegistry {
 // connect / listen.
 Result<std::unique_ptr<Connection>> Dial(std::string_view uri, const TransportOptions& options);
 Result<std::unique_ptr<Listener>> ListenOn(std::string_view uri, const TransportOptions& options);
+// Parses `uri`, creates its transport and calls Transport::Prepare on it: the
+// process-wide setup that a later Dial(uri, options) would otherwise do
+// first. Contacts no peer. Errors as Dial's would be for the same reason.
+Status PrepareDial(std::string_view uri, const TransportOptions& options);
 
 }  // namespace canopy::transport

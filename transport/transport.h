@@ -208,6 +208,17 @@ class Transport {
   virtual Result<std::unique_ptr<Listener>> Listen(const Endpoint& local) = 0;
   // Unavailable when nothing listens there, Timeout after connect_timeout.
   virtual Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) = 0;
+  // Does now the once-per-process setup that the first Connect to `remote`
+  // would otherwise do (dpdk://: bringing up the port; the EAL itself comes
+  // up when the transport is created), and sends nothing to the peer. A tool
+  // that times a transfer (rcopy) calls it before starting its clock and
+  // reports the setup time apart, as perftest and iperf3 leave theirs out.
+  // Errors are those the same setup would return from Connect. Default:
+  // nothing to do (tcp://, rdma://: their setup is per connection).
+  virtual Status Prepare(const Endpoint& remote) {
+    (void)remote;
+    return Status::Ok();
+  }
 };
 
 }  // namespace canopy::transport

@@ -340,6 +340,9 @@ class DpdkTransport final : public Transport {
     return std::unique_ptr<Connection>(new DpdkConnection(port, std::move(conn), options_));
   }
 
+  // The port Connect would use, started (the EAL is up once this transport exists).
+  Status Prepare(const Endpoint& remote) override { return PortFor(remote).status(); }
+
  private:
   static std::string Param(const Endpoint& e, const std::string& key, const std::string& fallback) {
     auto it = e.params.find(key);

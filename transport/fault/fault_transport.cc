@@ -149,6 +149,14 @@ class FaultTransport final : public Transport {
     return std::unique_ptr<Connection>(new FaultConnection(std::move(c), spec));
   }
 
+  Status Prepare(const Endpoint& remote) override {
+    Endpoint e = remote;
+    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ExtractFaultSpec(&e));
+    (void)spec;
+    e.scheme = std::string(inner_->scheme());
+    return inner_->Prepare(e);
+  }
+
  private:
   std::shared_ptr<Transport> inner_;
   std::string scheme_;
