@@ -1,6 +1,7 @@
 #include "tests/transport_conformance.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -447,6 +449,45 @@ TEST_P(TransportConformanceTest, BulkBetweenFilesAndMemoryInAllCombinations) {
   ASSERT_TRUE(ReceiveExpected(*pair->server, 10, "done"));
   ASSERT_TRUE(sender.Join().ok());
   EXPECT_EQ(::lseek(source->get(), 0, SEEK_CUR), 0) << "the source's file offset must stay untouched";
+}
+
+// BulkSink::file_write_lock: while another holder keeps it, nothing is
+// written into the file (the bytes wait in the transport, or the sender is
+// held back); once released, the whole bulk lands byte-exact.
+TEST_P(TransportConformanceTest, BulkIntoAFileWritesOnlyUnderItsWriteLock) {
+  auto pair = ConnectPair();
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  TempDir dir;
+  const std::string contents = RandomBytes((size_t{4} << 20) + 3, 41);
+  Worker sender([&]() -> Status {
+    return pair->client->SendWithBulk(9, "locked", BulkSource::FromMemory(contents));
+  });
+  ASSERT_TRUE(ReceiveExpected(*pair->server, 9, "locked", contents.size()));
+  const std::string sink_path = dir.File("sink");
+  auto sink = OpenFile(sink_path, O_RDWR | O_CREAT | O_TRUNC);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+
+  std::mutex write_lock;
+  std::unique_lock<std::mutex> held(write_lock);
+  std::atomic<bool> finished{false};
+  Worker receiver([&]() -> Status {
+    Status s = pair->server->ReceiveBulk(BulkSink::ToFile(sink->get(), 0, &write_lock), contents.size(),
+                                         IoDeadline());
+    finished = true;
+    return s;
+  });
+  // However long the lock is held, no byte may reach the file meanwhile.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  struct stat st;
+  ASSERT_EQ(::fstat(sink->get(), &st), 0);
+  EXPECT_EQ(st.st_size, 0) << "bytes were written while another holder had the write lock";
+  EXPECT_FALSE(finished.load());
+  held.unlock();
+  ASSERT_TRUE(receiver.Join().ok());
+  ASSERT_TRUE(sender.Join().ok());
+  auto written = ReadFileToString(sink_path);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_TRUE(SameBytes(*written, contents));
 }
 
 TEST_P(TransportConformanceTest, ShutdownDeliversEverythingThenClosed) {

@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -126,14 +127,30 @@ struct BulkSource {
 
 // Where bulk bytes go: caller memory of at least `length` bytes, or a file
 // descriptor written with pwrite at file_offset (its own offset untouched).
+//
+// file_write_lock (optional, file sinks; not owned): held around each write
+// into the file, never while waiting for the network. Writers that share one
+// file (rcopy's parallel streams) pass the same mutex, so that they queue
+// asleep instead of spinning in the kernel on the file's inode lock: buffered
+// writes to one file are serialized there anyway (tmpfs, ext4, xfs), and on
+// a machine with few cores the spinning took the CPU the other streams'
+// receives needed.
 struct BulkSink {
   char* memory = nullptr;
   int fd = -1;
   uint64_t file_offset = 0;
+  std::mutex* file_write_lock = nullptr;
 
-  static BulkSink ToMemory(char* buffer) { return BulkSink{buffer, -1, 0}; }
-  static BulkSink ToFile(int fd, uint64_t offset) { return BulkSink{nullptr, fd, offset}; }
+  static BulkSink ToMemory(char* buffer) { return BulkSink{buffer, -1, 0, nullptr}; }
+  static BulkSink ToFile(int fd, uint64_t offset, std::mutex* write_lock = nullptr) {
+    return BulkSink{nullptr, fd, offset, write_lock};
+  }
   bool is_file() const { return fd >= 0; }
+  // file_write_lock locked, or an empty lock when there is none.
+  std::unique_lock<std::mutex> LockFileWrite() const {
+    if (file_write_lock == nullptr) return std::unique_lock<std::mutex>();
+    return std::unique_lock<std::mutex>(*file_write_lock);
+  }
 };
 
 struct ConnectionStats {

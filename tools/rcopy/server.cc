@@ -191,6 +191,9 @@ class Transfer {
   const OpenRequest& params() const { return params_; }
   const SafeRelativePath& path() const { return path_; }
   int fd() const { return file_fd_.get(); }
+  // Held around each write into fd() by this transfer's streams (see
+  // transport::BulkSink::file_write_lock).
+  std::mutex* write_lock() { return &write_mu_; }
 
   // Creates the temporary file next to the final name, beneath root_fd: an
   // empty one, the partial file taken over, or (resume from the target) an
@@ -468,6 +471,7 @@ class Transfer {
   std::string temp_name_;  // empty when there is nothing to remove
 
   mutable std::mutex mu_;
+  std::mutex write_mu_;  // only around writes into file_fd_ (never with mu_)
   std::condition_variable cv_;
   std::vector<bool> seen_;
   std::vector<uint64_t> received_;  // per stream, contiguous from its range start
@@ -904,7 +908,8 @@ class Server::Impl {
       }
       return Status::Ok();
     }
-    Status s = conn.ReceiveBulk(BulkSink::ToFile(transfer.fd(), offset), length, deadline);
+    Status s =
+        conn.ReceiveBulk(BulkSink::ToFile(transfer.fd(), offset, transfer.write_lock()), length, deadline);
     if (!s.ok()) return s.WithContext(fmt::format("write '{}' at offset {}", open.name, offset));
     if (open.verify()) {
       // Digest what actually landed in the file, not what passed the socket.

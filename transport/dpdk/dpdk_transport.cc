@@ -128,6 +128,7 @@ class DpdkConnection final : public Connection {
         auto got = conn_->ReadWith(
             want,
             [&](const char* src, size_t len) -> Result<size_t> {
+              auto write_lock = sink.LockFileWrite();
               for (;;) {
                 ssize_t w = ::pwrite(sink.fd, src, len, static_cast<off_t>(sink.file_offset + done));
                 if (w < 0 && errno == EINTR) continue;

@@ -838,6 +838,7 @@ Status RdmaConnection::ReadSegment(const BulkSegment& segment, uint64_t segment_
     if (!result.ok()) break;
     const char* data = staging_slot(done.slot);
     if (sink.is_file()) {
+      auto write_lock = sink.LockFileWrite();
       result = PwriteAll(sink.fd, data, done.length, sink.file_offset + sink_offset + done.offset,
                          "rdma: write bulk data");
     } else {
@@ -892,6 +893,7 @@ Status RdmaConnection::ReceiveBulk(const BulkSink& sink, uint64_t length, Deadli
       lock.unlock();
       Status written;
       if (sink.is_file()) {
+        auto write_lock = sink.LockFileWrite();
         written =
             PwriteAll(sink.fd, piece.data(), piece.size(), sink.file_offset + done, "rdma: write bulk data");
       } else {

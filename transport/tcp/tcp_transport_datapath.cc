@@ -540,14 +540,18 @@ Status TcpConnection::EnsurePipe() {
   return Status::Ok();
 }
 
-Status TcpConnection::BulkToFileBuffered(int fd, uint64_t offset, uint64_t length, Deadline deadline,
-                                         uint64_t* progress) {
+Status TcpConnection::BulkToFileBuffered(const BulkSink& sink, uint64_t offset, uint64_t length,
+                                         Deadline deadline, uint64_t* progress) {
+  const uint64_t base = sink.file_offset + offset;
   uint64_t done = 0;
   while (done < length) {
     if (buffered() > 0) {
       size_t take = static_cast<size_t>(std::min<uint64_t>(buffered(), length - done));
-      CANOPY_RETURN_IF_ERROR(
-          PwriteAll(fd, rx_buffer_.get() + rx_begin_, take, offset + done, "write bulk data"));
+      {
+        auto write_lock = sink.LockFileWrite();
+        CANOPY_RETURN_IF_ERROR(
+            PwriteAll(sink.fd, rx_buffer_.get() + rx_begin_, take, base + done, "write bulk data"));
+      }
       rx_begin_ += take;
       done += take;
       *progress += take;
@@ -565,22 +569,27 @@ Status TcpConnection::BulkToFileBuffered(int fd, uint64_t offset, uint64_t lengt
       if (n.status().IsClosed() && rx_error_.ok()) return EndOfStream(false);
       return n.status();
     }
-    CANOPY_RETURN_IF_ERROR(PwriteAll(fd, copy_buffer_.get(), *n, offset + done, "write bulk data"));
+    {
+      auto write_lock = sink.LockFileWrite();
+      CANOPY_RETURN_IF_ERROR(PwriteAll(sink.fd, copy_buffer_.get(), *n, base + done, "write bulk data"));
+    }
     done += *n;
     *progress += *n;
   }
   return Status::Ok();
 }
 
-Status TcpConnection::BulkToFile(int fd, uint64_t offset, uint64_t length, Deadline deadline,
+Status TcpConnection::BulkToFile(const BulkSink& sink, uint64_t length, Deadline deadline,
                                  uint64_t* progress) {
   // Splicing from the socket needs the plain stream (TCP, or kernel TLS).
-  if (!zero_copy_ || user_space_tls_recv()) return BulkToFileBuffered(fd, offset, length, deadline, progress);
+  if (!zero_copy_ || user_space_tls_recv()) return BulkToFileBuffered(sink, 0, length, deadline, progress);
+  const int fd = sink.fd;
+  const uint64_t offset = sink.file_offset;
   uint64_t done = 0;
   // Bytes already in the receive buffer go out with pwrite.
   if (buffered() > 0) {
     uint64_t take = std::min<uint64_t>(buffered(), length);
-    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(fd, offset, take, deadline, progress));
+    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(sink, 0, take, deadline, progress));
     done += take;
   }
   if (done < length && splice_sink_ok_) CANOPY_RETURN_IF_ERROR(EnsurePipe());
@@ -606,8 +615,10 @@ Status TcpConnection::BulkToFile(int fd, uint64_t offset, uint64_t length, Deadl
       rx_error_ = SocketError(errno, "receive bulk data from");
       return rx_error_;
     }
-    // Drain the pipe into the file.
+    // Drain the pipe into the file (under the sink's write lock: the pipe
+    // already holds the bytes, so no network wait happens inside it).
     auto in_pipe = static_cast<size_t>(n);
+    auto write_lock = sink.LockFileWrite();
     while (in_pipe > 0) {
       loff_t off = static_cast<loff_t>(offset + done);
       ssize_t w =
@@ -636,7 +647,7 @@ Status TcpConnection::BulkToFile(int fd, uint64_t offset, uint64_t length, Deadl
     }
   }
   if (done < length) {
-    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(fd, offset + done, length - done, deadline, progress));
+    CANOPY_RETURN_IF_ERROR(BulkToFileBuffered(sink, done, length - done, deadline, progress));
   }
   return Status::Ok();
 }
@@ -653,7 +664,7 @@ Status TcpConnection::ReceiveBulk(const BulkSink& sink, uint64_t length, Deadlin
   if (!sink.is_file() && sink.memory == nullptr)
     return Status::InvalidArgument("ReceiveBulk into a null buffer");
   uint64_t progress = 0;
-  Status s = sink.is_file() ? BulkToFile(sink.fd, sink.file_offset, length, deadline, &progress)
+  Status s = sink.is_file() ? BulkToFile(sink, length, deadline, &progress)
                             : ReadExactly(sink.memory, static_cast<size_t>(length), deadline, &progress);
   counters_.bytes_received->Increment(static_cast<double>(progress));
   if (!s.ok()) {

@@ -130,8 +130,10 @@ class TcpConnection final : public Connection {
   // One read(2) straight into dst (at most n bytes); returns the count.
   Result<size_t> ReadDirect(char* dst, size_t n, Deadline deadline);
   Status EndOfStream(bool at_boundary);
-  Status BulkToFile(int fd, uint64_t offset, uint64_t length, Deadline deadline, uint64_t* progress);
-  Status BulkToFileBuffered(int fd, uint64_t offset, uint64_t length, Deadline deadline, uint64_t* progress);
+  // Into sink.fd from sink.file_offset + offset (writes under sink.LockFileWrite()).
+  Status BulkToFile(const BulkSink& sink, uint64_t length, Deadline deadline, uint64_t* progress);
+  Status BulkToFileBuffered(const BulkSink& sink, uint64_t offset, uint64_t length, Deadline deadline,
+                            uint64_t* progress);
   Status EnsurePipe();
   // Error status for a socket syscall failure (errno `err`).
   Status SocketError(int err, std::string_view op) const;
