@@ -359,6 +359,23 @@ TEST(DpdkWire, SplitsCanopyKeysFromEalArguments) {
   EXPECT_FALSE(dpdk::ParseIpv4("localhost").ok());
 }
 
+// Rings of 2 MiB and more start on a 2 MiB boundary (so that transparent
+// huge pages can back them); smaller ones are plain heap memory. Both hold
+// and return what was written through the whole capacity.
+TEST(DpdkWire, RingMemoryIsHugePageAlignedFromTwoMebibytes) {
+  for (size_t capacity : {size_t{64} << 10, size_t{2} << 20, size_t{16} << 20}) {
+    SCOPED_TRACE(capacity);
+    dpdk::RingStorage storage(capacity);
+    const auto address = reinterpret_cast<uintptr_t>(storage.bytes.get());
+    if (capacity >= (size_t{2} << 20)) {
+      EXPECT_EQ(address % (size_t{2} << 20), 0u);
+    }
+    std::memset(storage.bytes.get(), 0x5a, capacity);
+    EXPECT_EQ(storage.bytes.get()[0], 0x5a);
+    EXPECT_EQ(storage.bytes.get()[capacity - 1], 0x5a);
+  }
+}
+
 TEST(DpdkWire, ByteRingWrapsAroundByAbsoluteOffsets) {
   dpdk::ByteRing ring(8);
   EXPECT_EQ(ring.Append("abcdef", 6), 6u);
