@@ -135,29 +135,32 @@ class FaultTransport final : public Transport {
 
   Result<std::unique_ptr<Listener>> Listen(const Endpoint& local) override {
     Endpoint e = local;
-    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ExtractFaultSpec(&e));
-    e.scheme = std::string(inner_->scheme());
+    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ToInner(&e));
     CANOPY_ASSIGN_OR_RETURN(std::unique_ptr<Listener> l, inner_->Listen(e));
     return std::unique_ptr<Listener>(new FaultListener(std::move(l), spec, scheme_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) override {
     Endpoint e = remote;
-    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ExtractFaultSpec(&e));
-    e.scheme = std::string(inner_->scheme());
+    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ToInner(&e));
     CANOPY_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, inner_->Connect(e));
     return std::unique_ptr<Connection>(new FaultConnection(std::move(c), spec));
   }
 
   Status Prepare(const Endpoint& remote) override {
     Endpoint e = remote;
-    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ExtractFaultSpec(&e));
-    (void)spec;
-    e.scheme = std::string(inner_->scheme());
+    CANOPY_RETURN_IF_ERROR(ToInner(&e).status());
     return inner_->Prepare(e);
   }
 
  private:
+  // Takes the fault parameters out of *e (returned) and names the inner scheme.
+  Result<FaultSpec> ToInner(Endpoint* e) const {
+    CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ExtractFaultSpec(e));
+    e->scheme = std::string(inner_->scheme());
+    return spec;
+  }
+
   std::shared_ptr<Transport> inner_;
   std::string scheme_;
 };
