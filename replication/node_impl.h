@@ -156,31 +156,6 @@ struct StreamSender {
   }
 };
 
-// Memory that DELTA_RECORDS land in (node_replica.cc), shared by a node's
-// replica streams: a stream takes a buffer for one message and gives it
-// back once its records are applied, so the pages, faulted in once, serve
-// the next message of any stream (a joiner's trees arrive on many streams
-// at once; on a VM a fresh page costs ~10 us at its first touch). Buffers
-// are not zero-filled. Thread-safe.
-class RecordBufferPool {
- public:
-  struct Buffer {
-    std::unique_ptr<char[]> bytes;
-    size_t capacity = 0;
-    // Makes room for `size` bytes, keeping the first `keep`.
-    void Grow(size_t size, size_t keep);
-  };
-  Buffer Take();
-  // Kept for the next Take unless kMaxKept are held or it is over kKeepBytes.
-  void Give(Buffer buffer);
-
- private:
-  static constexpr size_t kMaxKept = 8;
-  static constexpr size_t kKeepBytes = 16u << 20;
-  std::mutex mu_;
-  std::vector<Buffer> free_;
-};
-
 // A commit applied on the leader and waiting for its consistency level
 // (node_impl.h lock discipline). All fields but the indexes are set before
 // it is registered and read by its claimer only.
@@ -417,7 +392,6 @@ struct Node::Impl {
   // memory and disk/CPU contention when many trees join at once, and lets
   // the first files go out while later ones are prepared. Sends are not
   // capped: each holds only socket buffers (and the replica's pace).
-  RecordBufferPool record_buffers;
   std::mutex snapshot_slots_mu;
   std::condition_variable snapshot_slots_cv;
   unsigned snapshot_slots_used = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/buffer_pool.h"
 #include "base/logging.h"
 #include "replication/node_impl.h"
 #include "replication/one_sided.h"
@@ -13,28 +14,6 @@
 #include "tree/snapshot.h"
 
 namespace canopy::replication {
-
-void RecordBufferPool::Buffer::Grow(size_t size, size_t keep) {
-  const size_t grown = std::max(size, capacity * 2);
-  auto bigger = std::make_unique_for_overwrite<char[]>(grown);
-  if (keep > 0) std::memcpy(bigger.get(), bytes.get(), keep);
-  bytes = std::move(bigger);
-  capacity = grown;
-}
-
-RecordBufferPool::Buffer RecordBufferPool::Take() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.empty()) return Buffer{};
-  Buffer b = std::move(free_.back());
-  free_.pop_back();
-  return b;
-}
-
-void RecordBufferPool::Give(Buffer buffer) {
-  if (buffer.capacity == 0 || buffer.capacity > kKeepBytes) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.size() < kMaxKept) free_.push_back(std::move(buffer));
-}
 
 namespace {
 
@@ -46,17 +25,20 @@ constexpr uint64_t kRecordPieceBytes = 2u << 20;
 // grows as bytes arrive, never to what a header merely announces.
 constexpr uint64_t kRecordReserveBytes = 8u << 20;
 
-// Receives the `bytes` bulk bytes of a DELTA_RECORDS into the front of *buffer.
+// Receives the `bytes` bulk bytes of a DELTA_RECORDS into the front of
+// *buffer, grown as they arrive (lent by the process-wide pool: the pages of
+// a buffer another stream gave back, not fresh ones).
 Status ReceiveDeltaRecords(transport::Connection& conn, uint64_t bytes, std::chrono::milliseconds io_timeout,
-                           RecordBufferPool::Buffer* buffer) {
+                           PooledBuffer* buffer) {
   const auto reserve = static_cast<size_t>(std::min(bytes, kRecordReserveBytes));
-  if (buffer->capacity < reserve) buffer->Grow(reserve, 0);
+  if (buffer->capacity() < reserve) buffer->Grow(reserve, 0);
   uint64_t have = 0;
   while (have < bytes) {
     const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
-    if (buffer->capacity < have + piece) buffer->Grow(static_cast<size_t>(have + piece), static_cast<size_t>(have));
+    if (buffer->capacity() < have + piece)
+      buffer->Grow(static_cast<size_t>(have + piece), static_cast<size_t>(have));
     // Bounded by the transport's own no-progress limit (io_timeout).
-    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->bytes.get() + have), piece,
+    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->data() + have), piece,
                                             Deadline::After(io_timeout)));
     have += piece;
   }
@@ -222,13 +204,24 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // Applies consecutive encoded deltas taking the tree from `base` to
   // base + deltas.size() (DELTA_BATCH, DELTA_RECORDS), creating the tree
   // for a first run; `what` and `header` name them in errors.
+  // `buffer`: the records' own buffer, which the store may keep for the
+  // large values in it (Store::ApplyEncodedDeltasInPlace); null: copy.
   auto apply_run = [&](uint64_t base, std::span<const std::string_view> deltas, const char* what,
-                       const char* header) -> Status {
+                       const char* header, PooledBuffer* buffer = nullptr) -> Status {
     if (!store->HasTree(tree_name) && base == 0) {
       Status c = store->CreateTree(tree_name);
       if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
     }
-    auto applied = store->ApplyEncodedDeltas(deltas);
+    Result<uint64_t> applied = Status::Internal("not applied");
+    if (buffer != nullptr && !deltas.empty()) {
+      const size_t used = static_cast<size_t>(deltas.back().data() + deltas.back().size() - buffer->data());
+      const size_t capacity = buffer->capacity();
+      std::unique_ptr<char[]> bytes = buffer->Release();
+      applied = store->ApplyEncodedDeltasInPlace(deltas, &bytes, used);
+      *buffer = PooledBuffer::Adopt(std::move(bytes), capacity);  // empty if the store kept it
+    } else {
+      applied = store->ApplyEncodedDeltas(deltas);
+    }
     if (!applied.ok()) return applied.status().WithContext(std::string("applying ") + what);
     if (*applied != base + deltas.size())
       return Status::Corruption(std::string("delta versions do not match ") + header);
@@ -307,18 +300,17 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
               fmt::format("DELTA_RECORDS announces {} bytes but carries {} bulk bytes", r.bytes, m->bulk_bytes));
         }
         CANOPY_RETURN_IF_ERROR(check_epoch(r.epoch));
-        RecordBufferPool::Buffer buffer = record_buffers.Take();
+        PooledBuffer buffer;
         CANOPY_RETURN_IF_ERROR(ReceiveDeltaRecords(conn, r.bytes, topts.io_timeout, &buffer));
         CANOPY_ASSIGN_OR_RETURN(
             std::vector<std::string_view> deltas,
-            tree::SplitDeltaRun(std::string_view(buffer.bytes.get(), static_cast<size_t>(r.bytes))));
+            tree::SplitDeltaRun(std::string_view(buffer.data(), static_cast<size_t>(r.bytes))));
         if (deltas.size() != r.count) {
           return Status::Corruption(
               fmt::format("DELTA_RECORDS announces {} deltas but carries {}", r.count, deltas.size()));
         }
-        CANOPY_RETURN_IF_ERROR(
-            apply_run(r.base_version, deltas, "WAL records from the leader", "their DELTA_RECORDS header"));
-        record_buffers.Give(std::move(buffer));
+        CANOPY_RETURN_IF_ERROR(apply_run(r.base_version, deltas, "WAL records from the leader",
+                                         "their DELTA_RECORDS header", &buffer));
         metrics->DeltaRecordsReceived(r.bytes);
         break;
       }

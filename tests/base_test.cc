@@ -1,17 +1,18 @@
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
+#include "base/buffer_pool.h"
 #include "base/clock.h"
 #include "base/coding.h"
 #include "base/crc32c.h"
@@ -267,6 +268,61 @@ TEST(ThreadSetTest, SpawnReapsThreadsThatFinished) {
   set.Spawn([] {});
   set.JoinAll();
   EXPECT_EQ(set.size(), 0u);
+}
+
+// Buffers given back are lent again, on any thread, with their bytes as
+// left (never zero-filled); a take gets the smallest kept buffer that is
+// large enough; oversized and released buffers are not kept.
+TEST(PooledBufferTest, BuffersGoBackToThePoolAndServeTheNextTakeOnAnyThread) {
+  const char* first = nullptr;
+  {
+    PooledBuffer a = PooledBuffer::Take(1 << 20);
+    ASSERT_GE(a.capacity(), size_t{1} << 20);
+    std::memcpy(a.data(), "marked", 6);
+    first = a.data();
+  }
+  std::thread([&] {
+    PooledBuffer b = PooledBuffer::Take(512 << 10);
+    EXPECT_EQ(b.data(), first) << "the buffer given back serves the next take, from any thread";
+    EXPECT_EQ(std::string(b.data(), 6), "marked");
+  }).join();
+
+  const char* small = nullptr;
+  const char* large = nullptr;
+  {
+    PooledBuffer s = PooledBuffer::Take(1 << 20);
+    PooledBuffer l = PooledBuffer::Take(4 << 20);
+    small = s.data();
+    large = l.data();
+  }
+  {
+    PooledBuffer two = PooledBuffer::Take(2 << 20);
+    EXPECT_EQ(two.data(), large);
+    PooledBuffer half = PooledBuffer::Take(512 << 10);
+    EXPECT_EQ(half.data(), small) << "the smallest buffer that is large enough";
+    // Grow keeps what was written, and gives the smaller buffer back.
+    std::memcpy(half.data(), "kept", 4);
+    half.Grow(3 << 20, 4);
+    EXPECT_GE(half.capacity(), size_t{3} << 20);
+    EXPECT_EQ(std::string(half.data(), 4), "kept");
+    PooledBuffer again = PooledBuffer::Take(1 << 20);
+    EXPECT_EQ(again.data(), small);
+  }
+  {
+    PooledBuffer huge = PooledBuffer::Take(PooledBuffer::kMaxKeptBytes + 1);
+    std::unique_ptr<char[]> mine = PooledBuffer::Take(1 << 20).Release();
+    ASSERT_NE(mine, nullptr);
+    PooledBuffer adopted = PooledBuffer::Adopt(std::move(mine), 1 << 20);
+    EXPECT_EQ(adopted.capacity(), size_t{1} << 20);
+    EXPECT_EQ(PooledBuffer::Adopt(nullptr, 5).capacity(), 0u);
+  }
+  for (int i = 0; i < 3; ++i) {
+    PooledBuffer b = PooledBuffer::Take(1);
+    EXPECT_LE(b.capacity(), PooledBuffer::kMaxKeptBytes) << "a buffer over the limit is not kept";
+  }
+  PooledBuffer empty;
+  EXPECT_EQ(empty.capacity(), 0u);
+  EXPECT_EQ(empty.data(), nullptr);
 }
 
 }  // namespace canopy

@@ -160,12 +160,16 @@ TEST(JoinFile, CheckpointFileSentWithBulkIsCheckedAndServedInPlace) {
 }
 
 // One node record spanning many pieces (a root attribute of 200 KiB: a
-// block of its own, 25 pieces of 8 KiB): the installer waits for the whole
-// block before it checks it, and a flipped byte inside it is still caught.
-TEST(JoinFile, BlockSpanningManyPiecesIsCheckedOnceWhole) {
+// block of its own, 25 pieces of 8 KiB; and of 3 MiB, a block larger than
+// the buffer blocks are read into to be checked): the installer waits for
+// the whole block before it checks it, and a flipped byte inside it is
+// still caught.
+class JoinFileBigRecord : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(JoinFileBigRecord, BlockSpanningManyPiecesIsCheckedOnceWhole) {
   TempDir dir;
   auto src = SourceStore(dir.File("src"));
-  ASSERT_TRUE(src->CommitOps(kTree, {Op::PutAttribute({}, "big", testing::RandomBytes(200 << 10, 7))}).ok());
+  ASSERT_TRUE(src->CommitOps(kTree, {Op::PutAttribute({}, "big", testing::RandomBytes(GetParam(), 7))}).ok());
   ASSERT_TRUE(src->Checkpoint(kTree).ok());
   auto file = src->OpenNewestCheckpointFile(kTree);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
@@ -200,6 +204,8 @@ TEST(JoinFile, BlockSpanningManyPiecesIsCheckedOnceWhole) {
   EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
   EXPECT_FALSE(other->HasTree(kTree));
 }
+
+INSTANTIATE_TEST_SUITE_P(JoinFile, JoinFileBigRecord, ::testing::Values(size_t{200} << 10, size_t{3} << 20));
 
 TEST(JoinFile, HugeAnnouncedSizeIsRefusedBeforeAnythingIsWritten) {
   TempDir dir;

@@ -3,14 +3,14 @@
 // nodes decode on first touch; encoders copy untouched subtrees; forged
 // structure behind valid CRCs is refused; format 1 directories migrate.
 #include <gtest/gtest.h>
-
 #include <xxhash.h>
 
 #include <atomic>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "base/coding.h"
@@ -410,6 +410,103 @@ TEST(TreeBlocks, OpenSnapshotFileReadsInPlaceAndNamesFormatOne) {
   ASSERT_TRUE(refused.status().IsCorruption());
   EXPECT_NE(refused.status().message().find("format 1"), std::string::npos) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("format 2"), std::string::npos) << refused.status().ToString();
+}
+
+// A checkpoint file is checked block by block as it is read (pread through
+// a pooled buffer), and a block larger than that buffer (one record of 3
+// MiB) piece by piece for its CRC and digest and through a mapping for its
+// records. Every kind of damage is caught on both paths, as OpenSnapshotImage
+// catches it in memory: flips in headers, in small and in large blocks, in a
+// large value, in its trailer; cuts at and around every block boundary.
+TEST(TreeBlocks, CheckpointFileIsCheckedBlockByBlockWhateverTheBlockSize) {
+  TempDir tmp;
+  Transaction txn(RandomTree(3000, 21));
+  auto child = txn.AppendChild({});
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(txn.PutAttribute(*child, "big", testing::RandomBytes(3 << 20, 5)).ok());
+  ASSERT_TRUE(txn.PutAttribute(*child, "small", "s").ok());
+  Version v("rand", 7, txn.root());
+  const std::string all = Join(EncodeSnapshotChunks(v, 8 << 10));
+  std::vector<size_t> starts;  // of every block
+  size_t largest = 0;
+  for (size_t off = 0; off < all.size();) {
+    starts.push_back(off);
+    auto len = SnapshotChunkLength(std::string_view(all).substr(off));
+    ASSERT_TRUE(len.ok());
+    largest = std::max(largest, *len);
+    off += *len;
+  }
+  ASSERT_GT(largest, size_t{2} << 20) << "the big record needs a block larger than a read buffer";
+  ASSERT_GT(starts.size(), 10u);
+  const std::string path = tmp.File("checkpoint.snap");
+  auto open_bytes = [&](const std::string& bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    return OpenSnapshotFile(path);
+  };
+  // One byte of the file written over (the file holds `all` otherwise).
+  auto write_byte = [&](size_t at, char byte) {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(byte);
+  };
+  auto good = open_bytes(all);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_TRUE(TreesEqual(good->root(), v.root()));
+  EXPECT_EQ(good->Digest(), v.Digest());
+
+  std::set<size_t> flips;
+  for (size_t start : starts) {
+    for (size_t i = 0; i < 24 && start + i < all.size(); ++i)
+      flips.insert(start + i);  // header, first records
+    if (start >= 4) {
+      for (size_t i = start - 4; i < start; ++i) flips.insert(i);  // the previous block's CRC
+    }
+  }
+  for (size_t i = all.size() - 40; i < all.size(); ++i) flips.insert(i);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 300; ++i) flips.insert(rng() % all.size());
+  auto big = v.root()->child(v.root()->child_count() - 1)->attribute("big");
+  ASSERT_TRUE(big.has_value());
+  const size_t value_at = all.find(big->substr(0, 64));
+  ASSERT_NE(value_at, std::string::npos);
+  for (size_t i = 0; i < 64; ++i) flips.insert(value_at + (i << 15));  // across the big value
+  for (size_t i : flips) {
+    write_byte(i, static_cast<char>(all[i] ^ 0x20));
+    auto opened = OpenSnapshotFile(path);
+    write_byte(i, all[i]);
+    ASSERT_FALSE(opened.ok()) << "flip of byte " << i << " went unnoticed";
+    EXPECT_TRUE(opened.status().IsCorruption()) << i << ": " << opened.status().ToString();
+  }
+  ASSERT_TRUE(OpenSnapshotFile(path).ok());
+  std::set<size_t> cuts;
+  for (size_t start : starts) {
+    for (size_t d : {size_t{0}, size_t{1}, size_t{8}, size_t{17}}) {
+      if (start + d < all.size()) cuts.insert(start + d);
+      if (start >= d + 1) cuts.insert(start - d - 1);
+    }
+  }
+  for (int i = 0; i < 100; ++i) cuts.insert(1 + rng() % (all.size() - 1));
+  for (auto it = cuts.rbegin(); it != cuts.rend(); ++it) {  // longest first: each cut shortens the file
+    const size_t n = *it;
+    std::filesystem::resize_file(path, n);
+    auto opened = OpenSnapshotFile(path);
+    ASSERT_FALSE(opened.ok()) << "cut to " << n << " bytes went unnoticed";
+    EXPECT_TRUE(opened.status().IsCorruption()) << n << ": " << opened.status().ToString();
+  }
+  EXPECT_TRUE(open_bytes(all + "x").status().IsCorruption());
+
+  // Structure that is wrong behind valid CRCs, in a block larger than a
+  // read buffer: a value whose length runs past the block's end.
+  std::string record("\x01\x01k", 3);
+  PutVarint64(&record, (3 << 20) + 10);
+  record += std::string(3 << 20, 'v');
+  std::string tail;
+  PutFixed64(&tail, 1);
+  PutFixed64(&tail, record.size());
+  PutFixed64(&tail, 0);
+  auto forged = open_bytes(Block(1, 0, HeadPayload()) + Block(2, 1, record) + Block(3, 2, tail));
+  ASSERT_TRUE(forged.status().IsCorruption()) << forged.status().ToString();
+  EXPECT_NE(forged.status().message().find("cut short"), std::string::npos) << forged.status().ToString();
 }
 
 TEST(TreeBlocks, StoreMigratesFormatOneCheckpointsOnOpen) {

@@ -62,6 +62,57 @@ TEST(TreeCodec, DeltaRoundTrip) {
   EXPECT_EQ(EncodeDelta(empty).size(), kDeltaMinBytes);
 }
 
+// DecodeDeltaView reads what DecodeDelta reads, without copying: names,
+// keys and values are views into the encoding; the same inputs are refused.
+TEST(TreeCodec, DeltaViewReadsTheEncodingInPlace) {
+  Delta d = SampleDelta();
+  d.request = RequestId{"client-7-00ff", 42};
+  const std::string enc = EncodeDelta(d);
+  auto view = DecodeDeltaView(enc);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  auto inside = [&](std::string_view v) {
+    return v.empty() || (v.data() >= enc.data() && v.data() + v.size() <= enc.data() + enc.size());
+  };
+  EXPECT_EQ(view->tree, d.tree);
+  EXPECT_TRUE(inside(view->tree));
+  EXPECT_EQ(view->base_version, d.base_version);
+  EXPECT_EQ(view->new_version, d.new_version);
+  EXPECT_EQ(view->request_client, d.request.client);
+  EXPECT_TRUE(inside(view->request_client));
+  EXPECT_EQ(view->request_sequence, 42u);
+  ASSERT_EQ(view->ops.size(), d.ops.size());
+  for (size_t i = 0; i < d.ops.size(); ++i) {
+    EXPECT_EQ(view->ops[i].type, d.ops[i].type) << i;
+    EXPECT_EQ(view->ops[i].path, d.ops[i].path) << i;
+    EXPECT_EQ(view->ops[i].index, d.ops[i].index) << i;
+    EXPECT_EQ(view->ops[i].key, d.ops[i].key) << i;
+    EXPECT_EQ(view->ops[i].value, d.ops[i].value) << i;
+    EXPECT_TRUE(inside(view->ops[i].key) && inside(view->ops[i].value)) << i;
+  }
+  // Applied, the views give the tree the Ops give.
+  auto by_ops =
+      ApplyOps(Node::Empty(), std::vector<Op>{Op::AppendChild({}), Op::PutAttribute({0}, "k", "v")});
+  Delta two{"t", 0, 1, {Op::AppendChild({}), Op::PutAttribute({0}, "k", std::string(100000, 'v'))}, {}};
+  const std::string two_enc = EncodeDelta(two);
+  auto two_view = DecodeDeltaView(two_enc);
+  ASSERT_TRUE(two_view.ok());
+  auto a = ApplyOps(Node::Empty(), two.ops);
+  auto b = ApplyOps(Node::Empty(), two_view->ops);
+  ASSERT_TRUE(a.ok() && b.ok() && by_ops.ok());
+  EXPECT_EQ(Version("t", 1, *a).Digest(), Version("t", 1, *b).Digest());
+  auto bad = ApplyOps(Node::Empty(),
+                      DecodeDeltaView(EncodeDelta(Delta{"t", 0, 1, {Op::DeleteChild({}, 3)}, {}}))->ops);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  // Every truncation and every flipped byte is refused, as by DecodeDelta.
+  for (size_t n = 0; n < enc.size(); ++n)
+    EXPECT_TRUE(DecodeDeltaView(enc.substr(0, n)).status().IsCorruption()) << n;
+  for (size_t i = 0; i < enc.size(); ++i) {
+    std::string flipped = enc;
+    flipped[i] ^= 0x01;
+    EXPECT_FALSE(DecodeDeltaView(flipped).ok()) << i;
+  }
+}
+
 TEST(TreeCodec, DeltaWithRequestIdRoundTripsAndKeepsTheOldFormatWithout) {
   Delta d = SampleDelta();
   std::string plain = EncodeDelta(d);

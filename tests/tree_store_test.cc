@@ -504,6 +504,103 @@ TEST(TreeStore, ApplyEncodedDeltasStopsAtTheFirstBadDelta) {
   EXPECT_EQ(replica->ApplyEncodedDeltas({}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A run of deltas in the caller's buffer (as a replica receives its
+// leader's WAL records): large values are kept where they lie and the store
+// takes the buffer only when they are at least half of it; otherwise, or
+// when no version kept one, the buffer is the caller's again and the tree
+// holds copies. Either way the tree, its WAL and a reopened replica are the
+// leader's.
+TEST(TreeStore, ApplyEncodedDeltasInPlaceKeepsLargeValuesInTheBufferTheyLandedIn) {
+  TempDir tmp;
+  auto leader = OpenOrDie(tmp.path() + "/l", Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(leader->CreateTree("t").ok());
+  // A run laid end to end in a heap buffer, as a replica receives it.
+  struct Run {
+    std::unique_ptr<char[]> buffer;
+    size_t bytes = 0;
+    std::vector<std::string_view> deltas;
+  };
+  auto run_of = [](const std::vector<std::string>& encoded) {
+    Run r;
+    for (const auto& e : encoded) r.bytes += e.size();
+    r.buffer = std::make_unique<char[]>(r.bytes);
+    size_t at = 0;
+    for (const auto& e : encoded) {
+      std::memcpy(r.buffer.get() + at, e.data(), e.size());
+      r.deltas.emplace_back(r.buffer.get() + at, e.size());
+      at += e.size();
+    }
+    return r;
+  };
+  auto commit = [&](std::vector<Op> ops) {
+    auto c = leader->CommitOps("t", std::move(ops));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? c->encoded_delta : std::string();
+  };
+  const std::string big_a = testing::RandomBytes(300 << 10, 1), big_b = testing::RandomBytes(200 << 10, 2);
+  // 1: two large values and a small one: kept in place, buffer taken.
+  const std::vector<std::string> large_encoded = {
+      commit({Op::PutAttribute({}, "a", big_a), Op::PutAttribute({}, "s", "small")}),
+      commit({Op::AppendChild({}), Op::PutAttribute({0}, "b", big_b)})};
+  Run large = run_of(large_encoded);
+  // 2: small values only: copied, buffer left.
+  Run small = run_of({commit(PutRoot("s", "one")), commit(PutRoot("s2", std::string(1000, 'x')))});
+  // 3: a large value that is less than half of its run: copied.
+  std::vector<Op> many;
+  for (int i = 0; i < 200; ++i)
+    many.push_back(Op::PutAttribute({}, "m" + std::to_string(i), std::string(2000, 'm')));
+  Run mostly_small =
+      run_of({commit(many), commit({Op::PutAttribute({0}, "c", testing::RandomBytes(70 << 10, 3))})});
+  // 4: a large value, then a delta that does not decode.
+  const std::string big_d = testing::RandomBytes(100 << 10, 4);
+  const std::string with_d = commit({Op::PutAttribute({}, "d", big_d)});
+  std::string broken = commit(PutRoot("d2", "d2"));
+  broken[broken.size() / 2] ^= 1;
+  Run half_bad = run_of({with_d, broken});
+
+  auto replica = OpenOrDie(tmp.path() + "/r", Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(replica->CreateTree("t").ok());
+  auto reached = replica->ApplyEncodedDeltasInPlace(large.deltas, &large.buffer, large.bytes);
+  ASSERT_TRUE(reached.ok()) << reached.status().ToString();
+  EXPECT_EQ(*reached, 2u);
+  EXPECT_EQ(large.buffer, nullptr) << "large values are most of the run: the store keeps its buffer";
+  for (Run* copied : {&small, &mostly_small}) {
+    const char* before = copied->buffer.get();
+    reached = replica->ApplyEncodedDeltasInPlace(copied->deltas, &copied->buffer, copied->bytes);
+    ASSERT_TRUE(reached.ok()) << reached.status().ToString();
+    ASSERT_EQ(copied->buffer.get(), before) << "the buffer stays the caller's";
+    std::memset(copied->buffer.get(), 0, copied->bytes);  // the tree must not refer to it
+  }
+  EXPECT_EQ(*reached, 6u);
+  // A run that fails at its first delta (already applied: Conflict) keeps
+  // nothing, so the buffer is the caller's again.
+  Run replayed = run_of(large_encoded);
+  EXPECT_TRUE(replica->ApplyEncodedDeltasInPlace(replayed.deltas, &replayed.buffer, replayed.bytes)
+                  .status()
+                  .IsConflict());
+  EXPECT_NE(replayed.buffer, nullptr);
+  // One that fails after a delta with a large value keeps that value.
+  auto partly = replica->ApplyEncodedDeltasInPlace(half_bad.deltas, &half_bad.buffer, half_bad.bytes);
+  EXPECT_TRUE(partly.status().IsCorruption()) << partly.status().ToString();
+  EXPECT_EQ(half_bad.buffer, nullptr);
+  EXPECT_EQ(*replica->LatestVersion("t"), 7u);
+  auto latest = replica->Latest("t");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->root()->attribute("a"), big_a);
+  EXPECT_EQ(latest->root()->child(0)->attribute("b"), big_b);
+  EXPECT_EQ(latest->root()->attribute("s2"), std::string(1000, 'x'));
+  EXPECT_EQ(latest->root()->attribute("d"), big_d);
+  auto leaders_7 = leader->At("t", 7);
+  ASSERT_TRUE(leaders_7.ok()) << leaders_7.status().ToString();
+  EXPECT_EQ(latest->Digest(), leaders_7->Digest());
+
+  // The replica's WAL holds the records as they came: reopened, the same tree.
+  const uint64_t digest = latest->Digest();
+  replica.reset();
+  replica = OpenOrDie(tmp.path() + "/r", Opts(FsyncPolicy::kNone));
+  EXPECT_EQ(replica->Latest("t")->Digest(), digest);
+}
+
 TEST(TreeStore, StaleBaseIsAConflictAndOldVersionsStayReadable) {
   TempDir tmp;
   auto store = OpenOrDie(tmp.path(), Opts(FsyncPolicy::kNone));
@@ -561,6 +658,51 @@ TEST(TreeStore, ReplicaAppliesTheLeadersDeltas) {
   corrupt[10] ^= 1;
   EXPECT_TRUE(replica->ApplyEncodedDelta(corrupt).status().IsCorruption());
   EXPECT_EQ(*replica->LatestVersion("t"), 30u);
+}
+
+// A replica applies an encoded delta from its bytes in place (values copied
+// once, into the tree); what it commits, the errors it gives and the request
+// ids it records are those of the general path.
+TEST(TreeStore, ApplyEncodedDeltaInPlaceKeepsTheGeneralPathsResults) {
+  TempDir leader_dir, replica_dir;
+  auto leader = OpenOrDie(leader_dir.path(), Opts(FsyncPolicy::kNone));
+  auto replica = OpenOrDie(replica_dir.path(), Opts(FsyncPolicy::kNone));
+  ASSERT_TRUE(leader->CreateTree("t").ok());
+  ASSERT_TRUE(replica->CreateTree("t").ok());
+  const RequestId request{"client-1", 7};
+  std::vector<std::string> deltas;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<Op> ops = {Op::AppendChild({}),
+                           Op::PutAttribute({}, "big" + std::to_string(i), std::string(300000, 'a' + i))};
+    auto r = leader->CommitOps("t", ops, i == 3 ? request : RequestId{});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    deltas.push_back(r->encoded_delta);
+  }
+  ASSERT_TRUE(replica->ApplyEncodedDelta(deltas[0]).ok());
+  std::vector<std::string_view> rest(deltas.begin() + 1, deltas.end());
+  auto reached = replica->ApplyEncodedDeltas(rest);
+  ASSERT_TRUE(reached.ok()) << reached.status().ToString();
+  EXPECT_EQ(*reached, 6u);
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
+  // The request id of version 4 came with its delta: a retry is a duplicate.
+  auto retry = replica->CommitOps("t", {Op::AppendChild({})}, request);
+  ASSERT_TRUE(retry.ok()) << retry.status().ToString();
+  EXPECT_TRUE(retry->duplicate);
+  EXPECT_EQ(retry->version, 4u);
+  // Ops that do not apply to the base: InvalidArgument, nothing committed.
+  Delta bad{"t", 6, 7, {Op::DeleteChild({}, 999)}, {}};
+  auto refused = replica->ApplyEncodedDelta(EncodeDelta(bad));
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("does not apply"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_EQ(*replica->LatestVersion("t"), 6u);
+  // A delta on another base: Conflict.
+  EXPECT_TRUE(replica->ApplyEncodedDelta(deltas[2]).status().IsConflict());
+  // The replica's WAL holds the leader's records as they were: a reopened
+  // replica recovers the same tree.
+  replica.reset();
+  replica = OpenOrDie(replica_dir.path(), Opts(FsyncPolicy::kNone));
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
 }
 
 // A replica's stream reads the deltas after the version it was last sent,

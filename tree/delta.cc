@@ -67,7 +67,8 @@ bool HasIndex(OpType t) { return t == OpType::kInsertChild || t == OpType::kDele
 bool HasKey(OpType t) { return t == OpType::kPutAttribute || t == OpType::kDeleteAttribute; }
 bool ValidType(uint8_t t) { return t >= 1 && t <= 5; }
 
-Status BadOp(const Op& op, std::string_view why) {
+template <class AnyOp>
+Status BadOp(const AnyOp& op, std::string_view why) {
   return Status::InvalidArgument(std::string(OpTypeName(op.type)) + " at " + NodePathToString(op.path) +
                                  ": " + std::string(why));
 }
@@ -167,28 +168,27 @@ Result<DeltaHeader> PeekDeltaHeader(std::string_view prefix) {
   return h;
 }
 
-Result<Delta> DecodeDelta(std::string_view encoded) {
+Result<DeltaView> DecodeDeltaView(std::string_view encoded) {
   uint32_t magic = 0;
   CANOPY_ASSIGN_OR_RETURN(std::string_view body, CheckedDeltaBody(encoded, &magic));
   ByteReader r(body);
-  Delta d;
-  CANOPY_ASSIGN_OR_RETURN(std::string_view name, r.ReadLengthPrefixed());
-  d.tree = std::string(name);
+  DeltaView d;
+  CANOPY_ASSIGN_OR_RETURN(d.tree, r.ReadLengthPrefixed());
   CANOPY_ASSIGN_OR_RETURN(d.base_version, r.ReadFixed64());
   CANOPY_ASSIGN_OR_RETURN(d.new_version, r.ReadFixed64());
   if (magic == kDeltaWithRequestMagic) {
-    CANOPY_ASSIGN_OR_RETURN(std::string_view client, r.ReadLengthPrefixed());
-    if (client.empty() || client.size() > kMaxRequestClientBytes) {
-      return Status::Corruption("delta: request client id of " + std::to_string(client.size()) + " bytes");
+    CANOPY_ASSIGN_OR_RETURN(d.request_client, r.ReadLengthPrefixed());
+    if (d.request_client.empty() || d.request_client.size() > kMaxRequestClientBytes) {
+      return Status::Corruption("delta: request client id of " + std::to_string(d.request_client.size()) +
+                                " bytes");
     }
-    d.request.client = std::string(client);
-    CANOPY_ASSIGN_OR_RETURN(d.request.sequence, r.ReadVarint64());
+    CANOPY_ASSIGN_OR_RETURN(d.request_sequence, r.ReadVarint64());
   }
   // Every op takes at least two bytes (type, path length).
   CANOPY_ASSIGN_OR_RETURN(uint64_t count, r.ReadVarintBounded(r.remaining() / 2, "delta op count"));
   d.ops.reserve(static_cast<size_t>(count));
   for (uint64_t n = 0; n < count; ++n) {
-    Op op;
+    OpView op;
     CANOPY_ASSIGN_OR_RETURN(uint8_t type, r.ReadFixed8());
     if (!ValidType(type)) return Status::Corruption("delta: unknown op type " + std::to_string(type));
     op.type = static_cast<OpType>(type);
@@ -202,12 +202,10 @@ Result<Delta> DecodeDelta(std::string_view encoded) {
       CANOPY_ASSIGN_OR_RETURN(op.index, r.ReadVarint64());
     }
     if (HasKey(op.type)) {
-      CANOPY_ASSIGN_OR_RETURN(std::string_view key, r.ReadLengthPrefixed());
-      op.key = std::string(key);
+      CANOPY_ASSIGN_OR_RETURN(op.key, r.ReadLengthPrefixed());
     }
     if (op.type == OpType::kPutAttribute) {
-      CANOPY_ASSIGN_OR_RETURN(std::string_view value, r.ReadLengthPrefixed());
-      op.value = std::string(value);
+      CANOPY_ASSIGN_OR_RETURN(op.value, r.ReadLengthPrefixed());
     }
     d.ops.push_back(std::move(op));
   }
@@ -217,7 +215,34 @@ Result<Delta> DecodeDelta(std::string_view encoded) {
   return d;
 }
 
-Status ApplyOpInPlace(NodePtr* root, const Op& op) {
+Result<Delta> DecodeDelta(std::string_view encoded) {
+  CANOPY_ASSIGN_OR_RETURN(DeltaView v, DecodeDeltaView(encoded));
+  Delta d;
+  d.tree = std::string(v.tree);
+  d.base_version = v.base_version;
+  d.new_version = v.new_version;
+  if (!v.request_client.empty()) {
+    d.request.client = std::string(v.request_client);
+    d.request.sequence = v.request_sequence;
+  }
+  d.ops.reserve(v.ops.size());
+  for (OpView& o : v.ops) {
+    Op op;
+    op.type = o.type;
+    op.path = std::move(o.path);
+    op.index = o.index;
+    op.key = std::string(o.key);
+    op.value = std::string(o.value);
+    d.ops.push_back(std::move(op));
+  }
+  return d;
+}
+
+namespace {
+
+// ApplyOpInPlace for Op and OpView alike.
+template <class AnyOp>
+Status ApplyOneInPlace(NodePtr* root, const AnyOp& op, const NodeImage* owner) {
   // 1. Validate without touching anything.
   const Node* target = root->get();
   for (size_t depth = 0; depth < op.path.size(); ++depth) {
@@ -241,7 +266,7 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
       }
       break;
     case OpType::kDeleteAttribute:
-      if (!target->attribute(op.key)) return BadOp(op, "no attribute '" + op.key + "'");
+      if (!target->attribute(op.key)) return BadOp(op, "no attribute '" + std::string(op.key) + "'");
       break;
     case OpType::kAppendChild:
     case OpType::kPutAttribute:
@@ -279,10 +304,17 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
       bool found = lo < attrs.size() && attrs[lo]->key() == op.key;
       if (op.type == OpType::kDeleteAttribute) {
         attrs.Erase(lo);
-      } else if (found) {
-        if (attrs[lo]->value() != op.value) attrs.Set(lo, AttributeBlob::Make(op.key, op.value));
       } else {
-        attrs.Insert(lo, AttributeBlob::Make(op.key, op.value));
+        auto blob = [&] {
+          return owner != nullptr && op.value.size() >= kReferencedValueBytes
+                     ? AttributeBlob::InImage(owner, op.key, op.value)
+                     : AttributeBlob::Make(op.key, op.value);
+        };
+        if (!found) {
+          attrs.Insert(lo, blob());
+        } else if (attrs[lo]->value() != op.value) {
+          attrs.Set(lo, blob());
+        }
       }
       break;
     }
@@ -290,9 +322,19 @@ Status ApplyOpInPlace(NodePtr* root, const Op& op) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status ApplyOpInPlace(NodePtr* root, const Op& op) { return ApplyOneInPlace(root, op, nullptr); }
+
 Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<Op>& ops) {
   NodePtr working = root;  // shared with the caller, so the first edit copies
-  for (const Op& op : ops) CANOPY_RETURN_IF_ERROR(ApplyOpInPlace(&working, op));
+  for (const Op& op : ops) CANOPY_RETURN_IF_ERROR(ApplyOneInPlace(&working, op, nullptr));
+  return working;
+}
+
+Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<OpView>& ops, const NodeImage* owner) {
+  NodePtr working = root;  // shared with the caller, so the first edit copies
+  for (const OpView& op : ops) CANOPY_RETURN_IF_ERROR(ApplyOneInPlace(&working, op, owner));
   return working;
 }
 

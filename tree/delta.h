@@ -36,6 +36,8 @@
 
 namespace canopy::tree {
 
+class NodeImage;
+
 enum class OpType : uint8_t {
   kInsertChild = 1,      // insert an empty child of `path` at position `index` (0..child_count)
   kAppendChild = 2,      // append an empty child to `path`
@@ -134,5 +136,40 @@ Result<std::vector<std::string_view>> SplitDeltaRun(std::string_view run);
 // an op addresses a node or child index that does not exist, or deletes a
 // missing attribute; nothing is returned then.
 Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<Op>& ops);
+
+// A delta decoded in place: the tree name, the request's client, and every
+// op's key and value are views into the encoding, which must outlive it.
+// For whoever applies a received delta and keeps its encoding (a replica
+// logs those bytes as they are): a MiB-sized value is then copied once,
+// into the tree, instead of first into an Op and then into the tree.
+struct OpView {
+  OpType type = OpType::kAppendChild;
+  NodePath path;
+  uint64_t index = 0;
+  std::string_view key;
+  std::string_view value;
+};
+struct DeltaView {
+  std::string_view tree;
+  uint64_t base_version = 0;
+  uint64_t new_version = 0;
+  std::string_view request_client;  // empty: no RequestId
+  uint64_t request_sequence = 0;
+  std::vector<OpView> ops;
+};
+// Checks and parses exactly as DecodeDelta does (DecodeDelta is this plus
+// copies); Corruption on the same inputs.
+Result<DeltaView> DecodeDeltaView(std::string_view encoded);
+// Puts whose value is at least this long keep it in place when ApplyOps is
+// given the owner of the bytes the views point into.
+inline constexpr size_t kReferencedValueBytes = 64u << 10;
+// ApplyOps over ops decoded in place. Without `owner`, every key and value
+// is copied into the tree. With it (the image that holds the bytes the
+// views point into: NodeImage::OverBytes), a put of a value of at least
+// kReferencedValueBytes copies nothing: the new attribute points into
+// owner's bytes and holds one reference to it, so owner lives as long as
+// any version that holds such an attribute.
+Result<NodePtr> ApplyOps(const NodePtr& root, const std::vector<OpView>& ops,
+                         const NodeImage* owner = nullptr);
 
 }  // namespace canopy::tree

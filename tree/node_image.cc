@@ -31,6 +31,23 @@ RefPtr<const NodeImage> NodeImage::FromMapping(const char* data, size_t size, st
   return RefPtr<const NodeImage>::Adopt(img);
 }
 
+RefPtr<const NodeImage> NodeImage::OverBytes(std::unique_ptr<char[]> bytes, size_t size) {
+  auto* img = new NodeImage();
+  img->data_ = bytes.get();
+  img->size_ = size;
+  img->raw_ = std::move(bytes);
+  return RefPtr<const NodeImage>::Adopt(img);
+}
+
+std::unique_ptr<char[]> NodeImage::TakeBackBytes(RefPtr<const NodeImage>* image) {
+  const NodeImage* img = image->get();
+  // One reference, ours: nothing else can take another meanwhile.
+  if (img == nullptr || !img->raw_ || img->refs_.load(std::memory_order_acquire) != 1) return nullptr;
+  std::unique_ptr<char[]> bytes = std::move(const_cast<NodeImage*>(img)->raw_);
+  image->reset();
+  return bytes;
+}
+
 NodeImage::~NodeImage() {
   if (mapped_ && size_ > 0) ::munmap(const_cast<char*>(data_), size_);
 }

@@ -4,10 +4,10 @@
 // A NodeImage owns the bytes of one whole snapshot stream (a heap buffer or a
 // read-only mapping of a checkpoint file) whose every block CRC, record and
 // child reference has been checked (SnapshotReader / OpenSnapshotImage /
-// OpenSnapshotFile). Records are addressed by their *logical* offset: the
-// position in the concatenation of the NODES payloads, which does not depend
-// on where blocks were cut. Because the image was checked, the record
-// parsers here trust it and check nothing.
+// OpenSnapshotFile); or, made by OverBytes, a buffer of delta records that
+// attributes with large values point into (no records to read). Records are addressed by their *logical*
+// offset: the position in the concatenation of the NODES payloads, which does not depend on where blocks were
+// cut. Because the image was checked, the record parsers here trust it and check nothing.
 //
 // Lifetime: counted by RefPtr; every lazy node holds one reference, and so
 // does a walker (encoder, digest) reading a lazy subtree. The bytes are
@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,15 @@ class NodeImage {
   // Over a mapping (munmap'ed with the last reference).
   static RefPtr<const NodeImage> FromMapping(const char* data, size_t size, std::vector<Block> blocks,
                                              Summary summary);
+  // Over bytes that hold no snapshot (no blocks, an empty summary): only the
+  // owner of attributes that point into them (ApplyOps with an owner, for
+  // delta records a replica received). Takes `bytes`, of which `size` are
+  // in use.
+  static RefPtr<const NodeImage> OverBytes(std::unique_ptr<char[]> bytes, size_t size);
+  // The bytes of an OverBytes image that nothing else refers to any more:
+  // taken back, and *image released. Null, *image untouched, while anything
+  // else holds a reference (or for any other kind of image).
+  static std::unique_ptr<char[]> TakeBackBytes(RefPtr<const NodeImage>* image);
 
   const Summary& summary() const { return summary_; }
   // The record at `logical`. `hint` (in/out) is a block index to try first.
@@ -67,6 +77,7 @@ class NodeImage {
   ~NodeImage();
   mutable std::atomic<uint64_t> refs_{1};
   std::string buffer_;
+  std::unique_ptr<char[]> raw_;  // OverBytes
   const char* data_ = nullptr;
   size_t size_ = 0;
   bool mapped_ = false;

@@ -19,6 +19,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -26,8 +27,10 @@
 #define CANOPY_SNAPSHOT_AVX2 1
 #endif
 
+#include "base/buffer_pool.h"
 #include "base/coding.h"
 #include "base/crc32c.h"
+#include "base/fd.h"
 #include "tree/node_image.h"
 
 namespace canopy::tree {
@@ -682,25 +685,41 @@ struct StreamChecker {
       }
       piece = piece_end;
     }
-    if (DecodeFixed32(payload_end) != crc) {
+    CANOPY_RETURN_IF_ERROR(NodesBlockFraming(block, crc));
+    CANOPY_RETURN_IF_ERROR(records);
+    AcceptNodesBlock(block.size());
+    return Status::Ok();
+  }
+
+  // A NODES block's verdicts before its records', in AddNodesBlock's order:
+  // `crc` is over all of `block` but its last 4 bytes.
+  Status NodesBlockFraming(std::string_view block, uint32_t crc) const {
+    if (DecodeFixed32(block.data() + block.size() - 4) != crc) {
       return Status::Corruption("snapshot block " + std::to_string(next_sequence) + ": CRC32C mismatch");
     }
-    uint64_t seq = DecodeFixed64(data + 9);
+    uint64_t seq = DecodeFixed64(block.data() + 9);
     if (seq != next_sequence) {
       return Status::Corruption("snapshot block: sequence " + std::to_string(seq) + ", expected " +
                                 std::to_string(next_sequence));
     }
     if (complete) return Bad("block after TAIL");
     if (!begun) return Bad("NODES before HEAD");
-    if (payload == payload_end) return Bad("empty NODES block");
-    CANOPY_RETURN_IF_ERROR(records);
-    const uint64_t bytes = static_cast<uint64_t>(payload_end - payload);
+    if (block.size() == kChunkOverheadBytes) return Bad("empty NODES block");
+    return Status::Ok();
+  }
+
+  // Records a checked NODES block of `size` bytes.
+  void AcceptNodesBlock(size_t size) {
+    const uint64_t bytes = size - kChunkOverheadBytes;
     blocks.push_back({logical, physical + kChunkHeaderBytes, bytes});
     logical += bytes;
     ++next_sequence;
-    physical += block.size();
-    return Status::Ok();
+    physical += size;
   }
+
+  // AddBlock for the `len` bytes at `offset` in file `fd` (a whole block,
+  // its length taken from its header): see SnapshotReader::AddChunkFromFile.
+  Status AddBlockFromFile(int fd, uint64_t offset, size_t len);
 
   NodeImage::Summary Summary() const {
     NodeImage::Summary s;
@@ -736,37 +755,148 @@ Status ErrnoError(int err, const std::string& what) {
   return Status::IOError(what + ": " + std::strerror(err));
 }
 
+// Reads exactly n bytes at `offset` of fd.
+Status PreadExactly(int fd, char* dst, size_t n, uint64_t offset) {
+  while (n > 0) {
+    ssize_t got = ::pread(fd, dst, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return ErrnoError(errno, "read snapshot block");
+    if (got == 0) return Status::Corruption("snapshot: file ends inside a block");
+    dst += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+  return Status::Ok();
+}
+
+// Blocks in files are read to be checked (AddBlockFromFile) through a
+// buffer of this size lent by the process-wide pool (base/buffer_pool.h):
+// memory already mapped and touched. Reading the file's pages through a
+// fresh mapping instead costs a fault per page on first touch; on a VM that
+// shadows page tables that made a check 2-3x slower than pread.
+constexpr size_t kCheckWindowBytes = 2u << 20;
+
+// A read-only mapping of the pages that hold [offset, offset + len) of fd,
+// set up page by page as they are touched; unmapped when it goes.
+class BlockMapping {
+ public:
+  static Result<BlockMapping> Map(int fd, uint64_t offset, size_t len) {
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    const uint64_t start = offset / page * page;
+    BlockMapping m;
+    m.size_ = static_cast<size_t>(offset + len - start);
+    void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, static_cast<off_t>(start));
+    if (p == MAP_FAILED) return ErrnoError(errno, "mmap snapshot block");
+    m.base_ = static_cast<const char*>(p);
+    m.block_ = std::string_view(m.base_ + (offset - start), len);
+    return m;
+  }
+  BlockMapping(BlockMapping&& o) noexcept
+      : base_(std::exchange(o.base_, nullptr)), size_(o.size_), block_(o.block_) {}
+  BlockMapping& operator=(BlockMapping&&) = delete;
+  ~BlockMapping() {
+    if (base_ != nullptr) ::munmap(const_cast<char*>(base_), size_);
+  }
+  std::string_view block() const { return block_; }
+
+ private:
+  BlockMapping() = default;
+  const char* base_ = nullptr;
+  size_t size_ = 0;
+  std::string_view block_;
+};
+
+Status StreamChecker::AddBlockFromFile(int fd, uint64_t offset, size_t len) {
+  PooledBuffer window = PooledBuffer::Take(std::min(len, kCheckWindowBytes));
+  if (len <= kCheckWindowBytes) {  // every block a writer cuts at the default size
+    CANOPY_RETURN_IF_ERROR(PreadExactly(fd, window.data(), len, offset));
+    return AddBlock(std::string_view(window.data(), len));
+  }
+  // A block larger than a window holds one record bigger than the chunk
+  // size (SnapshotWriter). Its CRC and digest go over its bytes read into
+  // the window piece by piece; its records are then checked through a
+  // mapping, which touches only the pages that hold record structure, not
+  // those of a large value.
+  CANOPY_ASSIGN_OR_RETURN(BlockMapping mapped, BlockMapping::Map(fd, offset, len));
+  const std::string_view block = mapped.block();
+  CANOPY_RETURN_IF_ERROR(PreadExactly(fd, window.data(), kChunkHeaderBytes, offset));
+  CANOPY_ASSIGN_OR_RETURN(size_t header_len, SnapshotChunkLength(std::string_view(window.data(), 8)));
+  if (header_len != len || static_cast<uint8_t>(window.data()[8]) != kBlockNodes) {
+    return AddBlock(block);  // not what the caller read, or no NODES block: the general verdicts
+  }
+  const bool check = begun && !complete;
+  uint32_t crc = 0;
+  for (uint64_t at = 0; at < len - 4;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kCheckWindowBytes, len - 4 - at));
+    CANOPY_RETURN_IF_ERROR(PreadExactly(fd, window.data(), n, offset + at));
+    crc = crc32c::Extend(crc, window.data(), n);
+    const size_t skip = at < kChunkHeaderBytes ? static_cast<size_t>(kChunkHeaderBytes - at) : 0;
+    if (check && n > skip) hash.Update(window.data() + skip, n - skip);
+    at += n;
+  }
+  CANOPY_RETURN_IF_ERROR(NodesBlockFraming(block, crc));
+  const char* const payload = block.data() + kChunkHeaderBytes;
+  const char* const payload_end = block.data() + len - 4;
+  const char* next = payload;
+  CANOPY_RETURN_IF_ERROR(CheckRecords(payload, payload, payload_end, payload_end, &next));
+  AcceptNodesBlock(len);
+  return Status::Ok();
+}
+
+// CheckWhole for the `size` bytes of file fd, block by block with
+// AddBlockFromFile: nothing is mapped but the pages of blocks larger than a
+// check window.
+Status CheckFile(int fd, uint64_t size, StreamChecker* checker) {
+  uint64_t off = 0;
+  while (off < size && !checker->complete) {
+    char head[8];
+    const size_t have = static_cast<size_t>(std::min<uint64_t>(sizeof head, size - off));
+    CANOPY_RETURN_IF_ERROR(PreadExactly(fd, head, have, off));
+    CANOPY_ASSIGN_OR_RETURN(size_t len, SnapshotChunkLength(std::string_view(head, have)));
+    if (len > size - off)
+      return Status::Corruption("snapshot: truncated block at byte " + std::to_string(off));
+    CANOPY_RETURN_IF_ERROR(checker->AddBlockFromFile(fd, off, len));
+    off += len;
+  }
+  if (!checker->complete) return Status::Corruption("snapshot stream ended before its TAIL block");
+  if (off != size) return Status::Corruption("snapshot: bytes after the TAIL block");
+  return Status::Ok();
+}
+
 // How MapFile sets up the mapping's page tables.
 enum class Populate {
   kNow,     // every page now, in one call: the caller reads them all at once
   kOnTouch  // page by page as they are first read: most may never be
 };
 
-// Maps `path` read-only (whole file).
-Result<std::pair<const char*, size_t>> MapFile(const std::string& path, Populate populate) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+// Opens `path` to be mapped: its descriptor and size (never 0).
+Result<std::pair<UniqueFd, size_t>> OpenForMapping(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
     int err = errno;
     if (err == ENOENT) return Status::NotFound(path + ": no such file");
     return ErrnoError(err, "open " + path);
   }
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoError(err, "fstat " + path);
-  }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "fstat " + path);
   size_t size = static_cast<size_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    return Status::Corruption(path + ": empty snapshot file");
-  }
+  if (size == 0) return Status::Corruption(path + ": empty snapshot file");
+  return std::make_pair(std::move(fd), size);
+}
+
+// Maps the first `size` bytes of fd (`path`) read-only.
+Result<const char*> MapFd(int fd, size_t size, Populate populate, const std::string& path) {
   const int flags = MAP_PRIVATE | (populate == Populate::kNow ? MAP_POPULATE : 0);
   void* p = ::mmap(nullptr, size, PROT_READ, flags, fd, 0);
-  int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return ErrnoError(err, "mmap " + path);
-  return std::make_pair(static_cast<const char*>(p), size);
+  if (p == MAP_FAILED) return ErrnoError(errno, "mmap " + path);
+  return static_cast<const char*>(p);
+}
+
+// Maps `path` read-only (whole file).
+Result<std::pair<const char*, size_t>> MapFile(const std::string& path, Populate populate) {
+  CANOPY_ASSIGN_OR_RETURN(auto opened, OpenForMapping(path));
+  CANOPY_ASSIGN_OR_RETURN(const char* p, MapFd(opened.first.get(), opened.second, populate, path));
+  return std::make_pair(p, opened.second);
 }
 
 }  // namespace
@@ -970,6 +1100,16 @@ Status SnapshotReader::AddChunk(std::string_view chunk) {
   return Status::Ok();
 }
 
+Status SnapshotReader::AddChunkFromFile(int fd, uint64_t offset, size_t length) {
+  Impl& m = *impl_;
+  if (!m.error.ok()) return m.error;
+  if (m.keep == Keep::kBytes)
+    return Status::InvalidArgument("SnapshotReader::AddChunkFromFile keeps no bytes");
+  Status s = m.checker.AddBlockFromFile(fd, offset, length);
+  if (!s.ok()) return m.error = std::move(s);
+  return Status::Ok();
+}
+
 Result<Version> SnapshotReader::Finish() {
   Impl& m = *impl_;
   if (!m.error.ok()) return m.error;
@@ -1016,15 +1156,16 @@ Result<Version> OpenSnapshotImage(std::string bytes) {
 }
 
 Result<Version> OpenSnapshotFile(const std::string& path) {
-  CANOPY_ASSIGN_OR_RETURN(auto mapped, MapFile(path, Populate::kNow));  // checked whole, right away
+  // Checked whole right away, read block by block (CheckFile); then mapped
+  // for the lazy nodes, page by page as they are read.
+  CANOPY_ASSIGN_OR_RETURN(auto opened, OpenForMapping(path));
+  UniqueFd& fd = opened.first;
   StreamChecker checker;
-  Status s = CheckWhole(mapped.first, mapped.second, &checker);
-  if (!s.ok()) {
-    ::munmap(const_cast<char*>(mapped.first), mapped.second);
-    return s.WithContext(path);
-  }
+  Status s = CheckFile(fd.get(), opened.second, &checker);
+  if (!s.ok()) return s.WithContext(path);
+  CANOPY_ASSIGN_OR_RETURN(const char* mapped, MapFd(fd.get(), opened.second, Populate::kOnTouch, path));
   NodeImagePtr img =
-      NodeImage::FromMapping(mapped.first, mapped.second, std::move(checker.blocks), checker.Summary());
+      NodeImage::FromMapping(mapped, opened.second, std::move(checker.blocks), checker.Summary());
   return VersionOver(img);
 }
 

@@ -134,6 +134,16 @@ class SnapshotReader {
 
   // `chunk` must be exactly one whole block.
   Status AddChunk(std::string_view chunk);
+  // AddChunk for the block of `length` bytes (its whole length, from its
+  // header) at `offset` in the file `fd`, which is read, not mapped whole:
+  // a block of up to 2 MiB (every block cut at the default chunk size) with
+  // pread into a buffer lent by a process-wide pool; a larger one (a record
+  // bigger than the chunk size, in a block of its own) has its CRC and
+  // digest taken the same way, piece by piece, and its records checked
+  // through a mapping of its pages that touches only those holding record
+  // structure (not a large value's). The same verdicts as AddChunk.
+  // Keep::kNothing only (InvalidArgument otherwise); IOError if a read fails.
+  Status AddChunkFromFile(int fd, uint64_t offset, size_t length);
   // True once HEAD has been read; then tree() and version() are known.
   bool begun() const;
   const std::string& tree() const;

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +29,7 @@
 #include "base/file.h"
 #include "base/logging.h"
 #include "tree/legacy_snapshot.h"
+#include "tree/node_image.h"
 #include "tree/wal_impl.h"
 
 namespace canopy::tree {
@@ -752,42 +753,119 @@ class StoreImpl final : public Store {
   }
 
   Result<CommitResult> ApplyEncodedDelta(std::string_view encoded) override {
-    CANOPY_ASSIGN_OR_RETURN(Delta delta, DecodeDelta(encoded));
-    if (delta.new_version != delta.base_version + 1) return ApplyDelta(delta);  // the error
-    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(delta.tree));
-    return CommitDelta(*t, delta, nullptr, nullptr, encoded, CommitMode::kReplicated);
+    CANOPY_ASSIGN_OR_RETURN(DeltaView view, DecodeDeltaView(encoded));
+    std::shared_ptr<TreeState> t;
+    return CommitEncoded(view, encoded, &t, /*sync=*/true);
+  }
+
+  // Commits a delta made elsewhere (kReplicated) from its encoding, decoded
+  // in place: its ops are applied to the newest version before the tree
+  // lock is taken, so a value goes from `encoded` into the tree in one copy
+  // (DecodeDelta would first copy it into an Op). Should the newest version
+  // not be the delta's base, or move meanwhile, or the ops not apply, it
+  // goes the general way (decoded, applied under the lock), which gives the
+  // same result or the same error as always. *t: the tree, looked up unless
+  // set, and it must be the view's. `owner`: as ApplyOps's (the general way
+  // copies every value).
+  Result<CommitResult> CommitEncoded(const DeltaView& view, std::string_view encoded,
+                                     std::shared_ptr<TreeState>* t, bool sync,
+                                     const NodeImage* owner = nullptr) {
+    auto general = [&]() -> Result<CommitResult> {
+      CANOPY_ASSIGN_OR_RETURN(Delta delta, DecodeDelta(encoded));
+      if (delta.new_version != delta.base_version + 1) return ApplyDelta(delta);  // the error
+      if (!*t) {
+        CANOPY_ASSIGN_OR_RETURN(*t, FindTree(delta.tree));
+      }
+      return CommitDelta(**t, delta, nullptr, nullptr, encoded, CommitMode::kReplicated, sync);
+    };
+    if (view.new_version != view.base_version + 1) return general();
+    if (!*t) {
+      CANOPY_ASSIGN_OR_RETURN(*t, FindTree(view.tree));
+    }
+    Version base;
+    {
+      std::lock_guard lk((*t)->mu);
+      base = (*t)->latest;
+    }
+    if (base.number() != view.base_version) return general();
+    auto applied = ApplyOps(base.root(), view.ops, owner);
+    if (!applied.ok()) return general();
+    Delta delta;  // what CommitDelta reads of a replicated delta: no ops (the new root is given)
+    delta.tree = std::string(view.tree);
+    delta.base_version = view.base_version;
+    delta.new_version = view.new_version;
+    if (!view.request_client.empty())
+      delta.request = RequestId{std::string(view.request_client), view.request_sequence};
+    auto committed =
+        CommitDelta(**t, delta, base.root(), std::move(*applied), encoded, CommitMode::kReplicated, sync);
+    if (!committed.ok() && committed.status().IsConflict()) return general();
+    return committed;
   }
 
   Result<uint64_t> ApplyEncodedDeltas(std::span<const std::string_view> encoded) override {
+    return ApplyRun(encoded, nullptr, 0);
+  }
+
+  Result<uint64_t> ApplyEncodedDeltasInPlace(std::span<const std::string_view> encoded,
+                                             std::unique_ptr<char[]>* buffer, size_t buffer_bytes) override {
+    return ApplyRun(encoded, buffer, buffer_bytes);
+  }
+
+  // ApplyEncodedDeltas(InPlace): every delta is decoded (in place) before
+  // any is committed, to weigh its large values against the buffer's bytes.
+  // A delta that does not decode ends the run there, as if it had been
+  // reached: the ones before it are committed.
+  Result<uint64_t> ApplyRun(std::span<const std::string_view> encoded, std::unique_ptr<char[]>* buffer,
+                            size_t buffer_bytes) {
     if (encoded.empty()) return Status::InvalidArgument("no deltas to apply");
+    std::vector<DeltaView> views;
+    views.reserve(encoded.size());
+    Status failed;
+    uint64_t referable = 0;  // bytes of the values the tree could refer to in place
+    for (std::string_view e : encoded) {
+      auto view = DecodeDeltaView(e);
+      if (!view.ok()) {
+        failed = view.status();
+        break;
+      }
+      for (const OpView& op : view->ops) {
+        if (op.type == OpType::kPutAttribute && op.value.size() >= kReferencedValueBytes)
+          referable += op.value.size();
+      }
+      views.push_back(std::move(*view));
+    }
+    NodeImagePtr owner;
+    if (buffer != nullptr && *buffer && referable > 0 && referable * 2 >= buffer_bytes) {
+      owner = NodeImage::OverBytes(std::move(*buffer), buffer_bytes);
+    }
     std::shared_ptr<TreeState> t;
     uint64_t reached = 0;
-    Status failed;
-    for (std::string_view e : encoded) {
-      auto delta = DecodeDelta(e);
-      if (!delta.ok()) {
-        failed = delta.status();
-        break;
-      }
-      if (!t || t->name != delta->tree) {
+    for (size_t i = 0; i < views.size(); ++i) {
+      const DeltaView& view = views[i];
+      if (!t || t->name != view.tree) {
         if (t) {
-          failed = Status::InvalidArgument("a batch of deltas spans trees '" + t->name + "' and '" + delta->tree + "'");
+          failed = Status::InvalidArgument("a batch of deltas spans trees '" + t->name + "' and '" +
+                                           std::string(view.tree) + "'");
           break;
         }
-        auto found = FindTree(delta->tree);
-        if (!found.ok()) return found.status();
+        auto found = FindTree(view.tree);
+        if (!found.ok()) {
+          failed = found.status();
+          break;
+        }
         t = *found;
       }
-      if (delta->new_version != delta->base_version + 1) {
-        failed = ApplyDelta(*delta).status();  // the error
-        break;
-      }
-      auto applied = CommitDelta(*t, *delta, nullptr, nullptr, e, CommitMode::kReplicated, /*sync=*/false);
+      auto applied = CommitEncoded(view, encoded[i], &t, /*sync=*/false, owner.get());
       if (!applied.ok()) {
         failed = applied.status();
         break;
       }
       reached = applied->version;
+    }
+    // Values no version kept (a failed run, or replaced within it): the
+    // caller has its buffer back.
+    if (owner) {
+      if (auto back = NodeImage::TakeBackBytes(&owner)) *buffer = std::move(back);
     }
     if (t && reached != 0 && options_.fsync == FsyncPolicy::kAlways) {
       std::unique_lock lk(t->mu);
@@ -1849,22 +1927,12 @@ Status FileInstallerImpl::CheckBlocks(uint64_t landed, bool stop_at_bad) {
   }
   uint64_t pos = 0;  // bytes after checked_ the reader accepted
   Status s;
-  if (complete > checked_) {
-    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    const uint64_t start = checked_ / page * page;
-    const size_t map_len = static_cast<size_t>(complete - start);
-    // Every page of the range is read once, now: map them all in one call
-    // (MAP_POPULATE) rather than fault them in one at a time.
-    void* p =
-        ::mmap(nullptr, map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, file_.get(), static_cast<off_t>(start));
-    if (p == MAP_FAILED) return Fail(ErrnoStatus(errno, "mmap " + path_));
-    const char* base = static_cast<const char*>(p) + (checked_ - start);
-    for (uint64_t len : lengths) {
-      s = reader_->AddChunk(std::string_view(base + pos, len));
-      if (!s.ok()) break;
-      pos += len;
-    }
-    ::munmap(p, map_len);
+  for (uint64_t len : lengths) {
+    // Read from the page cache the bytes just landed in, not mapped
+    // (SnapshotReader::AddChunkFromFile).
+    s = reader_->AddChunkFromFile(file_.get(), checked_ + pos, static_cast<size_t>(len));
+    if (!s.ok()) break;
+    pos += len;
   }
   if (s.ok()) s = header_status;  // a bad header after the good blocks
   if (s.ok()) {

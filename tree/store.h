@@ -381,6 +381,21 @@ class Store {
   // On an error the deltas before the failing one stay applied (and synced
   // per the policy); the error names the failing delta's version.
   virtual Result<uint64_t> ApplyEncodedDeltas(std::span<const std::string_view> encoded) = 0;
+  // ApplyEncodedDeltas for deltas that lie in a heap buffer the caller owns
+  // (*buffer, of which the first `buffer_bytes` are in use), as a replica
+  // receives a run of its leader's WAL records. When puts of values of at
+  // least kReferencedValueBytes (delta.h) make up half or more of those
+  // bytes, such values are not copied: the versions refer to them where
+  // they lie, and the store takes the buffer (*buffer is then null) and
+  // frees it once no version refers to any of them. Otherwise, or if no
+  // version kept any of them, *buffer is the caller's again and every value
+  // was copied, as by ApplyEncodedDeltas. A run of large values so costs
+  // its memory once, in the buffer it landed in. (A buffer is taken only
+  // while at least half of it is values in use; later commits that replace
+  // them can leave it held by fewer.)
+  virtual Result<uint64_t> ApplyEncodedDeltasInPlace(std::span<const std::string_view> encoded,
+                                                     std::unique_ptr<char[]>* buffer,
+                                                     size_t buffer_bytes) = 0;
 
   // Encoded deltas with new_version > `version`, in order, read from the WAL,
   // stopping once max_bytes have been collected (at least one delta is

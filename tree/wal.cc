@@ -65,40 +65,21 @@ Status SyncData(int fd, std::string_view what) {
 
 // ---------------------------------------------------------------- reader
 
-namespace {
-// One read buffer per thread, lent to the BufferedFileReader the thread has
-// open (a second one at once allocates its own). Up to kCachedReadBufferBytes
-// is kept.
-constexpr size_t kCachedReadBufferBytes = 8u << 20;
-struct CachedReadBuffer {
-  std::unique_ptr<char[]> bytes;
-  size_t capacity = 0;
-};
-thread_local CachedReadBuffer cached_read_buffer;
-}  // namespace
-
 BufferedFileReader::BufferedFileReader(UniqueFd fd, std::string path, uint64_t limit)
     : fd_(std::move(fd)), path_(std::move(path)), limit_(limit) {
   struct stat st;
   uint64_t size = ::fstat(fd_.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
   end_of_data_ = std::min(size, limit_);
-  buf_ = std::move(cached_read_buffer.bytes);
-  capacity_ = std::exchange(cached_read_buffer.capacity, 0);
 }
 
-BufferedFileReader::~BufferedFileReader() {
-  if (capacity_ > cached_read_buffer.capacity && capacity_ <= kCachedReadBufferBytes) {
-    cached_read_buffer.bytes = std::move(buf_);
-    cached_read_buffer.capacity = capacity_;
-  }
-}
+BufferedFileReader::~BufferedFileReader() = default;
 
 Result<std::string_view> BufferedFileReader::Peek(size_t n) {
   if (end_ - pos_ < n) {
     // Move the unread bytes to the front and read more behind them.
     size_t have = end_ - pos_;
     if (pos_ > 0) {
-      std::memmove(buf_.get(), buf_.get() + pos_, have);
+      std::memmove(buf_.data(), buf_.data() + pos_, have);
       pos_ = 0;
       end_ = have;
     }
@@ -107,22 +88,17 @@ Result<std::string_view> BufferedFileReader::Peek(size_t n) {
     // not allocate and zero a megabyte for a few hundred bytes.
     const uint64_t left = end_of_data_ > file_pos_ ? end_of_data_ - file_pos_ : 0;
     size_t want = std::max<size_t>(n, static_cast<size_t>(std::min<uint64_t>(have + left, read_ahead_)));
-    if (capacity_ < want) {
-      auto bigger = std::make_unique_for_overwrite<char[]>(want);
-      if (end_ > 0) std::memcpy(bigger.get(), buf_.get(), end_);
-      buf_ = std::move(bigger);
-      capacity_ = want;
-    }
+    if (buf_.capacity() < want) buf_.Grow(want, end_);
     while (end_ < n && file_pos_ < limit_) {
       size_t room = want - end_;
       if (limit_ - file_pos_ < room) room = static_cast<size_t>(limit_ - file_pos_);
-      CANOPY_ASSIGN_OR_RETURN(size_t got, ReadSome(fd_.get(), buf_.get() + end_, room, path_));
+      CANOPY_ASSIGN_OR_RETURN(size_t got, ReadSome(fd_.get(), buf_.data() + end_, room, path_));
       if (got == 0) break;
       end_ += got;
       file_pos_ += got;
     }
   }
-  return std::string_view(buf_.get() + pos_, std::min(n, end_ - pos_));
+  return std::string_view(buf_.data() + pos_, std::min(n, end_ - pos_));
 }
 
 void BufferedFileReader::Skip(size_t n) {

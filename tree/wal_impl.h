@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/buffer_pool.h"
 #include "base/fd.h"
 #include "base/result.h"
 #include "base/status.h"
@@ -57,11 +58,10 @@ class BufferedFileReader {
   uint64_t offset_ = 0;       // file offset of buf_[pos_]
   uint64_t file_pos_ = 0;     // file offset of the next read
   size_t read_ahead_ = 1 << 20;
-  // Not zero-filled; taken from (and given back to) a per-thread cache, so
-  // that the scans a thread runs one after another (a leader's stream
-  // reading the records it sends) reuse pages already faulted in.
-  std::unique_ptr<char[]> buf_;
-  size_t capacity_ = 0;
+  // Lent by the process-wide pool (base/buffer_pool.h), so that scans on
+  // many threads (every replica stream reading the records it sends) reuse
+  // pages already faulted in.
+  PooledBuffer buf_;
   size_t pos_ = 0, end_ = 0;  // valid bytes are buf_[pos_, end_)
 };
 
