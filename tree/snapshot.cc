@@ -20,6 +20,8 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <semaphore>
+#include <thread>
 #include <utility>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -776,6 +778,24 @@ Status PreadExactly(int fd, char* dst, size_t n, uint64_t offset) {
 // shadows page tables that made a check 2-3x slower than pread.
 constexpr size_t kCheckWindowBytes = 2u << 20;
 
+// At most this many file blocks are checked at once in a process (one per
+// hardware thread, at least 2): checks are CPU-bound, so more at once only
+// take more buffers, and a buffer's first use touches fresh pages (a
+// joiner's trees arrive on many streams, whose last blocks all complete
+// within a few ms of each other). A check waits for its turn.
+std::counting_semaphore<>& CheckTurns() {
+  static auto* turns = new std::counting_semaphore<>(
+      static_cast<std::ptrdiff_t>(std::clamp(std::thread::hardware_concurrency(), 2u, 64u)));
+  return *turns;
+}
+class CheckTurn {
+ public:
+  CheckTurn() { CheckTurns().acquire(); }
+  ~CheckTurn() { CheckTurns().release(); }
+  CheckTurn(const CheckTurn&) = delete;
+  CheckTurn& operator=(const CheckTurn&) = delete;
+};
+
 // A read-only mapping of the pages that hold [offset, offset + len) of fd,
 // set up page by page as they are touched; unmapped when it goes.
 class BlockMapping {
@@ -807,6 +827,7 @@ class BlockMapping {
 };
 
 Status StreamChecker::AddBlockFromFile(int fd, uint64_t offset, size_t len) {
+  CheckTurn turn;
   PooledBuffer window = PooledBuffer::Take(std::min(len, kCheckWindowBytes));
   if (len <= kCheckWindowBytes) {  // every block a writer cuts at the default size
     CANOPY_RETURN_IF_ERROR(PreadExactly(fd, window.data(), len, offset));
