@@ -166,7 +166,7 @@ JOIN_BYTES=0
 SYNC_SECONDS=0
 join_sample() {
   local rep=$1 joiner=${2:-$work/joiner} label=${3:-join}
-  local i t0 deadline last_check=0 s1 s4 begun done_ last end secs bytes stream_s jlog=$work/joiner.log t_sync
+  local i t0 deadline last_check=0 s1 s4 last end secs bytes stream_s jlog=$work/joiner.log t_sync
   local installed="" cpu_s=0
   rm -rf "$work/src" "$joiner"
   mkdir -p "$work/src"
@@ -190,23 +190,33 @@ join_sample() {
   # STATUS is not cheap (each node hashes its trees for the digest): ask only
   # once the joiner's log shows every snapshot it began installed, and at
   # most every 0.5 s.
+  # The poll itself must not compete with the join for this machine's 2
+  # cores: one awk per poll (the grep | awk | sort pipelines it replaced
+  # took ~15% of the machine while the join ran), and a sleep without a
+  # process (read -t on a pipe that never delivers).
   deadline=$((SECONDS + join_wait))
   end=""
+  local nap progress begun_n done_n pending
+  exec {nap}<> <(:)
   while [[ -z $end ]]; do
-    ((SECONDS < deadline)) || { bench_log "the joiner did not catch up within $join_wait s; its log: $(tail -n 10 "$jlog")"; return 1; }
-    sleep 0.05
-    begun=$(grep -o 'receiving snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
-    done_=$(grep -o 'installed snapshot of [^ ]*' "$jlog" | awk '{ print $4 }' | sort -u) || true
+    ((SECONDS < deadline)) || { bench_log "the joiner did not catch up within $join_wait s; its log: $(tail -n 10 "$jlog")"; exec {nap}<&-; return 1; }
+    read -r -t 0.05 -u "$nap" _ || true
+    # Trees begun, trees installed, and begun trees not installed yet.
+    progress=$(awk '/ receiving snapshot of / { for (i = 1; i < NF; i++) if ($i == "of") { b[$(i + 1)] = 1; break } }
+                    / installed snapshot of / { for (i = 1; i < NF; i++) if ($i == "of") { d[$(i + 1)] = 1; break } }
+                    END { n = 0; m = 0; p = 0; for (k in b) { n++; if (!(k in d)) p++ } for (k in d) m++; print n, m, p }' "$jlog")
+    read -r begun_n done_n pending <<< "$progress"
     # The joiner's CPU (user + system) from its start, read within one poll
     # of each new install line: the join's cost in CPU, which the wall clock
     # of a busy 2-core machine blurs (and before STATUS makes it hash its trees).
-    if [[ $done_ != "$installed" ]]; then
-      installed=$done_
+    if [[ $done_n != "$installed" ]]; then
+      installed=$done_n
       cpu_s=$(bench_cpu_seconds "$jpid")
     fi
-    [[ -n $begun && $begun == "$done_" ]] || continue
-    (($(date +%s%N) / 1000000 - last_check >= 500)) || continue
-    last_check=$(($(date +%s%N) / 1000000))
+    ((begun_n > 0 && pending == 0 && done_n == begun_n)) || continue
+    local now_ms=$((${EPOCHREALTIME/./} / 1000))
+    ((now_ms - last_check >= 500)) || continue
+    last_check=$now_ms
     s1=$(status_json "${uris[1]}") || continue
     s4=$(status_json "${uris[4]}") || continue
     jq -e -n --argjson s1 "$s1" --argjson s4 "$s4" --slurpfile before "$work/before.json" '
@@ -219,6 +229,7 @@ join_sample() {
     last=$(grep 'installed snapshot of ' "$jlog" | sort | tail -n 1)
     end=$(log_ts "$last")
   done
+  exec {nap}<&-
   secs=$(bench_elapsed "$t0" "$end")
   stream_s=$(bench_elapsed "$(log_ts "$(grep 'receiving snapshot of ' "$jlog" | sort | head -n 1)")" "$end")
   # Keep the joiner's log beside the run's logs (bench/run: OUT/logs/).
