@@ -19,6 +19,10 @@ namespace {
 
 // DELTA_RECORDS' bulk bytes land in pieces of this size.
 constexpr uint64_t kRecordPieceBytes = 2u << 20;
+// A run of records at least this long lands in a file of its own that
+// becomes a WAL segment (Store::BeginWalRun); shorter ones land in memory.
+// A file per run: so not for the few KB of a replica that keeps up.
+constexpr uint64_t kRecordsToWalBytes = 1u << 20;
 // Room made at once for an announced run of records: a leader sends up to
 // kDeltaBatchBytes plus the record that crosses it. The buffer is not
 // zero-filled, so room costs address space, not pages; beyond this it
@@ -201,33 +205,48 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // Deltas applied since the last ACK: acked once no further message is
   // already waiting (one ACK then covers several), or after kDeltasPerAck.
   uint32_t unacked = 0;
-  // Applies consecutive encoded deltas taking the tree from `base` to
-  // base + deltas.size() (DELTA_BATCH, DELTA_RECORDS), creating the tree
-  // for a first run; `what` and `header` name them in errors.
-  // `buffer`: the records' own buffer, which the store may keep for the
-  // large values in it (Store::ApplyEncodedDeltasInPlace); null: copy.
-  auto apply_run = [&](uint64_t base, std::span<const std::string_view> deltas, const char* what,
-                       const char* header, PooledBuffer* buffer = nullptr) -> Status {
+  // Applies a run of consecutive deltas taking the tree from `base` to
+  // base + count (DELTA_BATCH, DELTA_RECORDS), creating the tree for a
+  // first run: `commit` commits them and returns the version reached.
+  // `what` and `header` name them in errors.
+  auto apply_run = [&](uint64_t base, uint64_t count, const char* what, const char* header,
+                       const std::function<Result<uint64_t>()>& commit) -> Status {
     if (!store->HasTree(tree_name) && base == 0) {
       Status c = store->CreateTree(tree_name);
       if (!c.ok() && c.code() != StatusCode::kAlreadyExists) return c;
     }
-    Result<uint64_t> applied = Status::Internal("not applied");
-    if (buffer != nullptr && !deltas.empty()) {
-      const size_t used = static_cast<size_t>(deltas.back().data() + deltas.back().size() - buffer->data());
-      const size_t capacity = buffer->capacity();
-      std::unique_ptr<char[]> bytes = buffer->Release();
-      applied = store->ApplyEncodedDeltasInPlace(deltas, &bytes, used);
-      *buffer = PooledBuffer::Adopt(std::move(bytes), capacity);  // empty if the store kept it
-    } else {
-      applied = store->ApplyEncodedDeltas(deltas);
-    }
+    auto applied = commit();
     if (!applied.ok()) return applied.status().WithContext(std::string("applying ") + what);
-    if (*applied != base + deltas.size())
+    if (*applied != base + count)
       return Status::Corruption(std::string("delta versions do not match ") + header);
     tag_data(*applied);
     ++unacked;
     return Status::Ok();
+  };
+  // Deltas in a buffer of their own, which the store may keep for the large
+  // values in it (Store::ApplyEncodedDeltasInPlace).
+  auto commit_in_place = [&](std::span<const std::string_view> deltas, PooledBuffer* buffer) {
+    const size_t used = static_cast<size_t>(deltas.back().data() + deltas.back().size() - buffer->data());
+    const size_t capacity = buffer->capacity();
+    std::unique_ptr<char[]> bytes = buffer->Release();
+    auto applied = store->ApplyEncodedDeltasInPlace(deltas, &bytes, used);
+    *buffer = PooledBuffer::Adopt(std::move(bytes), capacity);  // empty if the store kept it
+    return applied;
+  };
+  // `bytes` bulk bytes of records received straight into a file that becomes
+  // a segment of this node's WAL (Store::BeginWalRun): on TCP spliced from
+  // the socket, so neither the records nor their large values are copied
+  // into memory.
+  auto commit_wal_run = [&](uint64_t count, uint64_t bytes) -> Result<uint64_t> {
+    CANOPY_ASSIGN_OR_RETURN(auto run, store->BeginWalRun(tree_name, bytes));
+    for (uint64_t have = 0; have < bytes;) {
+      const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
+      // Bounded by the transport's own no-progress limit (io_timeout).
+      CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToFile(run->fd(), have), piece,
+                                              Deadline::After(topts.io_timeout)));
+      have += piece;
+    }
+    return run->Commit(count);
   };
   while (!stopping) {
     if (unacked >= kDeltasPerAck) {
@@ -289,7 +308,9 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         CANOPY_ASSIGN_OR_RETURN(DeltaBatchView b, DecodeDeltaBatchView(m->payload));  // views into m's payload
         if (b.tree != tree_name) return Status::Corruption("DELTA_BATCH for another tree");
         CANOPY_RETURN_IF_ERROR(check_epoch(b.epoch));
-        CANOPY_RETURN_IF_ERROR(apply_run(b.base_version, b.deltas, "a batch of deltas", "their batch header"));
+        CANOPY_RETURN_IF_ERROR(apply_run(b.base_version, b.deltas.size(), "a batch of deltas",
+                                         "their batch header",
+                                         [&] { return store->ApplyEncodedDeltas(b.deltas); }));
         break;
       }
       case MessageType::kDeltaRecords: {
@@ -300,6 +321,13 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
               fmt::format("DELTA_RECORDS announces {} bytes but carries {} bulk bytes", r.bytes, m->bulk_bytes));
         }
         CANOPY_RETURN_IF_ERROR(check_epoch(r.epoch));
+        if (r.bytes >= kRecordsToWalBytes) {
+          CANOPY_RETURN_IF_ERROR(apply_run(r.base_version, r.count, "WAL records from the leader",
+                                           "their DELTA_RECORDS header",
+                                           [&] { return commit_wal_run(r.count, r.bytes); }));
+          metrics->DeltaRecordsReceived(r.bytes);
+          break;
+        }
         PooledBuffer buffer;
         CANOPY_RETURN_IF_ERROR(ReceiveDeltaRecords(conn, r.bytes, topts.io_timeout, &buffer));
         CANOPY_ASSIGN_OR_RETURN(
@@ -309,8 +337,9 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
           return Status::Corruption(
               fmt::format("DELTA_RECORDS announces {} deltas but carries {}", r.count, deltas.size()));
         }
-        CANOPY_RETURN_IF_ERROR(apply_run(r.base_version, deltas, "WAL records from the leader",
-                                         "their DELTA_RECORDS header", &buffer));
+        CANOPY_RETURN_IF_ERROR(apply_run(r.base_version, deltas.size(), "WAL records from the leader",
+                                         "their DELTA_RECORDS header",
+                                         [&] { return commit_in_place(deltas, &buffer); }));
         metrics->DeltaRecordsReceived(r.bytes);
         break;
       }

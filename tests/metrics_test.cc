@@ -232,8 +232,13 @@ TEST(MetricsTest, ClusterMetricsAreScrapedByPrometheus) {
 // A replica that comes back behind the deltas its leader keeps in memory
 // (about the newest 64 KiB) gets the WAL tail as the leader's own file bytes
 // (DELTA_RECORDS, on the transport's bulk path): both ends count those bytes,
-// and the copies end equal.
-TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) {
+// and the copies end equal. 40 values of 8 KB make a run the replica takes
+// in memory; of 40 KB, one that lands in a file that becomes a segment of
+// its WAL (Store::BeginWalRun).
+class ReplicaBehind : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(ReplicaBehind, TheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) {
+  const size_t value_bytes = GetParam();
   TestCluster c;
   TempDir ports;
   auto port_file = [&](size_t i) { return ports.File("m" + std::to_string(i)); };
@@ -255,8 +260,11 @@ TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) 
     r.tree = "w";
     r.level = level;
     r.timeout_ms = 8000;
-    r.edits.push_back(Edit{Edit::Kind::kPutAttribute, {}, "k" + std::to_string(i),
-                           std::string(8000, static_cast<char>('a' + i % 26)), 0});
+    r.edits.push_back(Edit{Edit::Kind::kPutAttribute,
+                           {},
+                           "k" + std::to_string(i),
+                           std::string(value_bytes, static_cast<char>('a' + i % 26)),
+                           0});
     auto reply = writer->Commit(r);
     EXPECT_TRUE(reply.ok()) << reply.status().ToString();
     if (!reply.ok()) return 0;
@@ -267,7 +275,7 @@ TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) 
   const size_t victim = (leader + 1) % 3;
   c.Kill(victim);
   uint64_t last = 0;
-  constexpr int kAway = 40;  // 40 x 8 KB: far more than the leader keeps in memory
+  constexpr int kAway = 40;  // 40 values: far more than the leader keeps in memory
   for (int i = 1; i <= kAway; ++i) ASSERT_GT(last = commit(i, ConsistencyLevel::kQuorum), 0u);
   ::unlink(port_file(victim).c_str());
   ASSERT_TRUE(c.Start(victim)) << c.Log(victim);
@@ -282,7 +290,7 @@ TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) 
   ASSERT_NE(victim_port, 0) << c.Log(victim);
   const std::string received = Scrape(victim_port);
   // The records of the versions beyond the leader's memory came as file bytes.
-  const double away_bytes = kAway * 8000.0;
+  const double away_bytes = kAway * static_cast<double>(value_bytes);
   EXPECT_GE(SeriesSum(received, "canopy_delta_records_bytes_total", {"direction=\"received\""}),
             away_bytes - (64 << 10))
       << received;
@@ -295,6 +303,8 @@ TEST(MetricsTest, ReplicaBehindTheDeltasInMemoryGetsTheWalRecordsOnTheBulkPath) 
   EXPECT_FALSE(mine->digest.empty());
   EXPECT_EQ(mine->digest, theirs->digest);
 }
+
+INSTANTIATE_TEST_SUITE_P(MetricsTest, ReplicaBehind, ::testing::Values(size_t{8000}, size_t{40000}));
 
 TEST(MetricsTest, NodeTakesItsOptionsFromAConfigFile) {
   TempDir dir;

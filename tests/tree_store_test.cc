@@ -2,6 +2,7 @@
 // snapshot installs, policies and concurrency (tree/store.h).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -599,6 +600,123 @@ TEST(TreeStore, ApplyEncodedDeltasInPlaceKeepsLargeValuesInTheBufferTheyLandedIn
   replica.reset();
   replica = OpenOrDie(tmp.path() + "/r", Opts(FsyncPolicy::kNone));
   EXPECT_EQ(replica->Latest("t")->Digest(), digest);
+}
+
+// A replica's run of its leader's WAL records written straight into a file
+// (as a transport splices it) becomes a segment of its WAL once checked and
+// applied; its large values are read through the file, even after the
+// segment is gone. A run that is short, damaged, not consecutive, based on
+// another version or whose ops do not apply commits nothing, and leaves
+// neither a segment nor a staged file behind.
+TEST(TreeStore, WalRunLandsInAFileThatBecomesASegmentOnceChecked) {
+  TempDir tmp;
+  StoreOptions o = Opts(FsyncPolicy::kAlways);
+  o.checkpoint_every_commits = 0;
+  o.checkpoint_wal_bytes = 0;
+  o.wal_segment_bytes = 64 << 10;  // the run's segment is full: later records start another
+  o.retention.keep_versions = 1;
+  auto leader = OpenOrDie(tmp.path() + "/l", Opts(FsyncPolicy::kNone));
+  auto replica = OpenOrDie(tmp.path() + "/r", o);
+  ASSERT_TRUE(leader->CreateTree("t").ok());
+  ASSERT_TRUE(replica->CreateTree("t").ok());
+  auto commit = [&](std::vector<Op> ops, RequestId id = {}) {
+    auto c = leader->CommitOps("t", std::move(ops), id);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? c->encoded_delta : std::string();
+  };
+  const std::string big = testing::RandomBytes(300 << 10, 9);
+  const RequestId id{"client-9", 3};
+  std::vector<std::string> first = {commit({Op::PutAttribute({}, "big", big)}, id),
+                                    commit({Op::AppendChild({}), Op::PutAttribute({0}, "s", "small")})};
+  std::vector<std::string> second = {commit({Op::PutAttribute({}, "big", "replaced")}),
+                                     commit(PutRoot("x", "y"))};
+  auto join = [](const std::vector<std::string>& records) {
+    std::string all;
+    for (const auto& r : records) all += r;
+    return all;
+  };
+  auto files_in = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      names.push_back(e.path().filename().string());
+    return names;
+  };
+  auto tmp_files = [&] { return files_in(tmp.path() + "/r/tmp").size(); };
+  // Runs the bytes as a WalRunWriter would receive them; Commit's result.
+  auto run = [&](const std::string& bytes, uint64_t announced_bytes, uint64_t count) {
+    auto w = replica->BeginWalRun("t", announced_bytes);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    if (!w.ok()) return Result<uint64_t>(w.status());
+    EXPECT_EQ(::pwrite((*w)->fd(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    return (*w)->Commit(count);
+  };
+  const std::string one = join(first);
+  EXPECT_EQ(replica->BeginWalRun("nope", 10).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(replica->BeginWalRun("t", 0).status().code(), StatusCode::kInvalidArgument);
+  // Refused, each committing nothing:
+  EXPECT_TRUE(run(one.substr(0, one.size() - 1), one.size(), 2).status().IsCorruption());  // short file
+  EXPECT_TRUE(run(one, one.size(), 3).status().IsCorruption());                            // count
+  std::string flipped = one;
+  flipped[one.size() - 10] ^= 1;
+  EXPECT_TRUE(run(flipped, one.size(), 2).status().IsCorruption());                     // a record's CRC
+  EXPECT_TRUE(run(join({first[1], first[0]}), one.size(), 2).status().IsCorruption());  // order
+  EXPECT_TRUE(run(join({first[1]}), first[1].size(), 1).status().IsConflict());         // base
+  Delta bad{"t", 0, 1, {Op::DeleteChild({}, 5)}, {}};
+  const std::string bad_one = EncodeDelta(bad);
+  EXPECT_EQ(run(bad_one, bad_one.size(), 1).status().code(), StatusCode::kInvalidArgument);  // ops
+  EXPECT_EQ(*replica->LatestVersion("t"), 0u);
+  EXPECT_EQ(tmp_files(), 0u);
+  auto segments = [&] {
+    size_t n = 0;
+    for (const auto& name : files_in(tmp.path() + "/r/trees/t")) n += name.starts_with("wal-") ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(segments(), 0u);
+  {  // destroyed uncommitted: its file goes
+    auto w = replica->BeginWalRun("t", 100);
+    ASSERT_TRUE(w.ok());
+    EXPECT_EQ(tmp_files(), 1u);
+  }
+  EXPECT_EQ(tmp_files(), 0u);
+
+  auto writer = replica->BeginWalRun("t", one.size());
+  ASSERT_TRUE(writer.ok());
+  ASSERT_EQ(::pwrite((*writer)->fd(), one.data(), one.size(), 0), static_cast<ssize_t>(one.size()));
+  struct stat landed {};
+  ASSERT_EQ(::fstat((*writer)->fd(), &landed), 0);
+  auto reached = (*writer)->Commit(2);
+  ASSERT_TRUE(reached.ok()) << reached.status().ToString();
+  EXPECT_EQ(*reached, 2u);
+  struct stat segment {};
+  ASSERT_EQ(::stat((tmp.path() + "/r/trees/t/" + WalSegmentName(1)).c_str(), &segment), 0);
+  EXPECT_EQ(segment.st_ino, landed.st_ino) << "the file the run landed in is the segment: not copied";
+  EXPECT_TRUE((*writer)->Commit(2).status().code() == StatusCode::kInvalidArgument);
+  writer->reset();
+  EXPECT_EQ(*replica->DurableVersion("t"), 2u);
+  EXPECT_EQ(segments(), 1u);
+  EXPECT_EQ(tmp_files(), 0u);
+  Version v2 = *replica->Latest("t");
+  EXPECT_EQ(v2.Digest(), leader->At("t", 2)->Digest());
+  EXPECT_EQ(v2.root()->attribute("big"), big);
+  // The request id came with the record: a retry is a duplicate.
+  auto retry = replica->CommitOps("t", PutRoot("k", "v"), id);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_TRUE(retry->duplicate);
+  // Later records append after the run's, in its segment.
+  auto next = replica->ApplyEncodedDeltas(std::vector<std::string_view>(second.begin(), second.end()));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(segments(), 2u);
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
+  // A checkpoint and the WAL's truncation delete the run's segment; version
+  // 2's value, read through the file's mapping, is still there.
+  ASSERT_TRUE(replica->Checkpoint("t").ok());
+  ASSERT_TRUE(replica->TruncateWalBefore("t", 4).ok());
+  EXPECT_FALSE(std::filesystem::exists(tmp.path() + "/r/trees/t/" + WalSegmentName(1)));
+  EXPECT_EQ(v2.root()->attribute("big"), big);
+  // Reopened, the checkpoint and the WAL give the same tree.
+  replica.reset();
+  replica = OpenOrDie(tmp.path() + "/r", o);
+  EXPECT_EQ(replica->Latest("t")->Digest(), leader->Latest("t")->Digest());
 }
 
 TEST(TreeStore, StaleBaseIsAConflictAndOldVersionsStayReadable) {

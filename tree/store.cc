@@ -470,6 +470,28 @@ class FileInstallerImpl final : public SnapshotFileInstaller {
   bool finished_ = false;
 };
 
+// A replica's run of WAL records received into a staged file (store.h,
+// WalRunWriter).
+class WalRunWriterImpl final : public WalRunWriter {
+ public:
+  WalRunWriterImpl(StoreImpl* store, std::string tree, uint64_t bytes, std::string path, UniqueFd fd)
+      : store_(store), tree_(std::move(tree)), bytes_(bytes), path_(std::move(path)), file_(std::move(fd)) {}
+  ~WalRunWriterImpl() override {
+    if (!adopted_) ::unlink(path_.c_str());
+  }
+  int fd() const override { return file_.get(); }
+  Result<uint64_t> Commit(uint64_t count) override;
+
+ private:
+  StoreImpl* store_;
+  std::string tree_;
+  uint64_t bytes_;
+  std::string path_;  // <store>/tmp/run-...: until Commit renames it into the WAL
+  UniqueFd file_;
+  bool used_ = false;     // Commit was called
+  bool adopted_ = false;  // the file is a WAL segment now
+};
+
 class StoreImpl final : public Store {
  public:
   StoreImpl(std::string dir, StoreOptions options)
@@ -809,6 +831,111 @@ class StoreImpl final : public Store {
   Result<uint64_t> ApplyEncodedDeltasInPlace(std::span<const std::string_view> encoded,
                                              std::unique_ptr<char[]>* buffer, size_t buffer_bytes) override {
     return ApplyRun(encoded, buffer, buffer_bytes);
+  }
+
+  Result<std::unique_ptr<WalRunWriter>> BeginWalRun(std::string_view tree, uint64_t bytes) override {
+    CANOPY_RETURN_IF_ERROR(FindTree(tree).status());
+    if (bytes == 0 || bytes > kMaxWalRunBytes) {
+      return Status::InvalidArgument("a WAL run of " + std::to_string(bytes) + " bytes (1.." +
+                                     std::to_string(kMaxWalRunBytes) + ")");
+    }
+    std::string path = JoinPath(
+        tmp_dir_, "run-" + std::to_string(::getpid()) + "-" + std::to_string(tmp_counter_.fetch_add(1)));
+    CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDWR | O_CREAT | O_EXCL, 0644));
+    return std::unique_ptr<WalRunWriter>(
+        std::make_unique<WalRunWriterImpl>(this, std::string(tree), bytes, std::move(path), std::move(fd)));
+  }
+
+  // WalRunWriter::Commit. The run is mapped and checked whole, every delta
+  // applied to the newest version under the tree lock, and only then is the
+  // file made a WAL segment and are the versions published. *adopted: the
+  // file was renamed into the WAL (the caller must not remove it).
+  Result<uint64_t> CommitWalRun(std::string_view tree, const std::string& staged, int fd, uint64_t bytes,
+                                uint64_t count, bool* adopted) {
+    CANOPY_ASSIGN_OR_RETURN(auto t, FindTree(tree));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat " + staged);
+    if (static_cast<uint64_t>(st.st_size) != bytes) {
+      return Status::Corruption(
+          fmt::format("{}: a run of {} bytes holds {}", TreeLabel(*t), bytes, st.st_size));
+    }
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap " + staged);
+    // Owns the mapping: the versions that keep a large value in place hold it.
+    const NodeImagePtr owner =
+        NodeImage::FromMapping(static_cast<const char*>(p), static_cast<size_t>(bytes), {}, {});
+    CANOPY_ASSIGN_OR_RETURN(std::vector<std::string_view> records,
+                            SplitDeltaRun(std::string_view(owner->data(), owner->size())));
+    if (records.size() != count) {
+      return Status::Corruption(
+          fmt::format("{}: a run announced as {} records holds {}", TreeLabel(*t), count, records.size()));
+    }
+    std::vector<DeltaView> views;
+    views.reserve(records.size());
+    for (std::string_view record : records) {
+      CANOPY_ASSIGN_OR_RETURN(DeltaView view, DecodeDeltaView(record));
+      if (view.tree != t->name) {
+        return Status::InvalidArgument("a run of deltas of tree '" + t->name + "' holds one of '" +
+                                       std::string(view.tree) + "'");
+      }
+      const uint64_t want = views.empty() ? view.base_version : views.back().new_version;
+      if (view.base_version != want || view.new_version != view.base_version + 1) {
+        return Status::Corruption(fmt::format("{}: the run's records are not consecutive at version {}",
+                                              TreeLabel(*t), view.new_version));
+      }
+      views.push_back(std::move(view));
+    }
+    std::vector<Version> dropped;  // versions leaving the retained window; freed after t.mu is released
+    std::unique_lock lk(t->mu);
+    if (!t->failed.ok()) return t->failed;
+    if (views.front().base_version != t->latest.number()) {
+      return Status::Conflict(fmt::format("{}: a run based on version {}, but the newest version is {}",
+                                          TreeLabel(*t), views.front().base_version, t->latest.number()));
+    }
+    // Every delta applies before any is committed.
+    std::vector<NodePtr> roots;
+    roots.reserve(views.size());
+    NodePtr root = t->latest.root();
+    for (const DeltaView& view : views) {
+      auto applied = ApplyOps(root, view.ops, owner.get());
+      if (!applied.ok()) {
+        return applied.status().WithContext(TreeLabel(*t) + ": delta to version " +
+                                            std::to_string(view.new_version) + " does not apply");
+      }
+      root = *applied;
+      roots.push_back(std::move(*applied));
+    }
+    bool broken = false;
+    Status s = t->wal->AdoptSegment(staged, views.front().new_version, views.back().new_version, bytes,
+                                    SyncsFiles(), &broken);
+    if (broken) {
+      *adopted = PathExists(JoinPath(t->dir, WalSegmentName(views.front().new_version)));
+      t->failed = Status::IOError(TreeLabel(*t) + ": WAL state in doubt after a failed sync (" + s.message() +
+                                  "); the tree is read-only until the store is reopened");
+    }
+    if (!s.ok()) return s;
+    *adopted = true;
+    for (size_t i = 0; i < views.size(); ++i) {
+      const DeltaView& view = views[i];
+      RequestId request;
+      if (!view.request_client.empty())
+        request = RequestId{std::string(view.request_client), view.request_sequence};
+      PublishLocked(*t, view.new_version, records[i], request, std::move(roots[i]), &dropped);
+    }
+    const uint64_t reached = views.back().new_version;
+    if (options_.fsync == FsyncPolicy::kAlways) CANOPY_RETURN_IF_ERROR(SyncLocked(lk, *t, reached, false));
+    const bool queue_checkpoint = t->CheckpointDueLocked(options_);
+    const bool kick = options_.fsync == FsyncPolicy::kBatch && t->unsynced_bytes >= options_.batch_bytes;
+    lk.unlock();
+    if (queue_checkpoint || kick) {
+      {
+        std::lock_guard bl(bg_mu_);
+        if (queue_checkpoint) checkpoint_queue_.push_back(t);
+        if (kick) batch_kick_ = true;
+      }
+      bg_cv_.notify_one();
+    }
+    return reached;
   }
 
   // ApplyEncodedDeltas(InPlace): every delta is decoded (in place) before
@@ -1375,16 +1502,7 @@ class StoreImpl final : public Store {
                            " failed, the tree stays at version " + std::to_string(t.latest.number()));
     }
     uint64_t v = delta.new_version;
-    t.RememberRecentLocked(v, encoded);
-    t.requests.Record(delta.request, v);
-    const SteadyTime now = std::chrono::steady_clock::now();
-    t.history.push_back(RetainedVersion{std::move(t.latest), now});
-    t.latest = Version(t.name, v, std::move(new_root));
-    PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, &dropped);
-    t.unsynced_bytes += encoded.size();
-    if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
-    ++t.commits_since_checkpoint;
-    t.wal_bytes_since_checkpoint += encoded.size();
+    PublishLocked(t, v, encoded, delta.request, std::move(new_root), &dropped);
     const bool queue_checkpoint = t.CheckpointDueLocked(options_);
     // A caller that passed the encoded bytes in has them (ApplyEncodedDelta):
     // copying a MiB-sized delta back out for nothing cost as much as logging it.
@@ -1409,6 +1527,24 @@ class StoreImpl final : public Store {
       bg_cv_.notify_one();
     }
     return result;
+  }
+
+  // Makes `root` version v, the newest (its record `encoded` is in the WAL
+  // now): the bookkeeping of every commit. Versions leaving the retained
+  // window go to *dropped, to be freed once t.mu is released.
+  // REQUIRES: t.mu held; v == latest + 1.
+  void PublishLocked(TreeState& t, uint64_t v, std::string_view encoded, const RequestId& request,
+                     NodePtr root, std::vector<Version>* dropped) {
+    t.RememberRecentLocked(v, encoded);
+    t.requests.Record(request, v);
+    const SteadyTime now = std::chrono::steady_clock::now();
+    t.history.push_back(RetainedVersion{std::move(t.latest), now});
+    t.latest = Version(t.name, v, std::move(root));
+    PruneHistory(t.history, v, t.pins->Oldest(), options_.retention, now, dropped);
+    t.unsynced_bytes += encoded.size();
+    if (options_.fsync == FsyncPolicy::kNone) t.synced = v;
+    ++t.commits_since_checkpoint;
+    t.wal_bytes_since_checkpoint += encoded.size();
   }
 
   // Waits until version `v` is synced, syncing itself if no one else is
@@ -1850,6 +1986,11 @@ Result<Version> InstallerImpl::Finish() {
   return Version(tree_, v->number(), v->root());
 }
 
+Result<uint64_t> WalRunWriterImpl::Commit(uint64_t count) {
+  if (used_) return Status::InvalidArgument("WalRunWriter::Commit called twice");
+  used_ = true;
+  return store_->CommitWalRun(tree_, path_, file_.get(), bytes_, count, &adopted_);
+}
 
 FileInstallerImpl::~FileInstallerImpl() {
   if (finished_ || !file_) return;

@@ -288,6 +288,32 @@ class SnapshotFileInstaller {
   virtual Result<Version> Finish() = 0;
 };
 
+// A replica's run of its leader's WAL records received straight into a
+// file that becomes a segment of its own WAL (Store::BeginWalRun): the
+// bytes land by the transport's bulk path (TCP: splice into the file), are
+// checked (every record's length, CRC and fields) and applied, and only
+// then is the file renamed into the tree's WAL. Attribute values of at
+// least kReferencedValueBytes (delta.h) are not copied: the versions read
+// them through a read-only mapping of that file, which stays mapped while
+// any version refers to one (also after the segment is deleted). Until
+// Commit succeeds the file lies in the store's tmp directory, which Open
+// empties, so a crash never leaves unchecked records in a WAL. Destroyed
+// uncommitted, the file is removed. Used by one thread at a time.
+class WalRunWriter {
+ public:
+  virtual ~WalRunWriter() = default;
+  // Where to write the run's bytes, from offset 0 (pwrite, or
+  // transport::BulkSink::ToFile).
+  virtual int fd() const = 0;
+  // The run's `count` records are written: checks them and commits them as
+  // ApplyEncodedDeltas does (Conflict if the first is not based on the
+  // newest version; Corruption if the file does not hold exactly `count`
+  // whole, valid records of the run's length; InvalidArgument if one does
+  // not apply) and returns the version reached. All or nothing: on any
+  // error no version is committed and the WAL is as it was.
+  virtual Result<uint64_t> Commit(uint64_t count) = 0;
+};
+
 class Store {
  public:
   // Opens (creating if needed) the store in `dir` and recovers every tree.
@@ -393,6 +419,12 @@ class Store {
   // its memory once, in the buffer it landed in. (A buffer is taken only
   // while at least half of it is values in use; later commits that replace
   // them can leave it held by fewer.)
+  // Begins a WalRunWriter for `bytes` bytes of the records of `tree`
+  // (which must exist) that follow its newest version. NotFound for an
+  // unknown tree; InvalidArgument if bytes is 0 or over kMaxWalRunBytes;
+  // IOError from the file system.
+  static constexpr uint64_t kMaxWalRunBytes = uint64_t{1} << 30;
+  virtual Result<std::unique_ptr<WalRunWriter>> BeginWalRun(std::string_view tree, uint64_t bytes) = 0;
   virtual Result<uint64_t> ApplyEncodedDeltasInPlace(std::span<const std::string_view> encoded,
                                                      std::unique_ptr<char[]>* buffer,
                                                      size_t buffer_bytes) = 0;

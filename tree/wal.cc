@@ -202,6 +202,36 @@ WalWriter::WalWriter(std::string dir, uint64_t segment_bytes, bool durable_creat
 
 void WalWriter::CloseActive() { active_fd_.reset(); }
 
+Status WalWriter::AdoptSegment(const std::string& staged, uint64_t first_version, uint64_t last_version,
+                               uint64_t bytes, bool sync_old, bool* broken) {
+  *broken = false;
+  if (active_fd_ && sync_old) {
+    Status s = SyncData(active_fd_->get(), segments_.back().path);
+    if (!s.ok()) {
+      *broken = true;  // what the old segment holds is in doubt
+      return s;
+    }
+  }
+  std::string path = JoinPath(dir_, WalSegmentName(first_version));
+  if (PathExists(path)) return Status::AlreadyExists(path + ": a WAL segment of that name exists");
+  CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(staged, O_WRONLY));
+  CANOPY_RETURN_IF_ERROR(RenameFile(staged, path));
+  if (durable_creates_) {
+    Status s = FsyncDir(dir_);
+    if (!s.ok()) {
+      // The rename may or may not survive a crash: keep the segment (its
+      // records are checked) but write nothing more to this WAL.
+      *broken = true;
+      segments_.push_back(WalSegment{first_version, last_version, bytes, path});
+      active_fd_.reset();
+      return s;
+    }
+  }
+  segments_.push_back(WalSegment{first_version, last_version, bytes, path});
+  active_fd_ = std::make_shared<UniqueFd>(std::move(fd));
+  return Status::Ok();
+}
+
 Status WalWriter::AppendRecords(std::string_view record, uint64_t first_version, uint64_t version, bool sync_old,
                                 bool* broken) {
   *broken = false;

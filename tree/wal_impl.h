@@ -128,6 +128,19 @@ class WalWriter {
   Status AppendRecords(std::string_view records, uint64_t first_version, uint64_t last_version, bool sync_old,
                        bool* broken);
 
+  // Makes the file `staged` (on the WAL's file system) the next segment and
+  // the active one: it holds `bytes` bytes of whole, checked records of new
+  // versions first_version..last_version, written by the caller (a
+  // replica's run of its leader's records, received straight into a file).
+  // The old active segment is closed (synced first when sync_old); `staged`
+  // is renamed into the WAL directory (which is synced when durable creates
+  // are on); later appends go on after its records. On failure the WAL is as
+  // it was and `staged` stays where it was, except that *broken is set if
+  // syncing the old segment or the directory failed (the WAL must not be
+  // written again).
+  Status AdoptSegment(const std::string& staged, uint64_t first_version, uint64_t last_version,
+                      uint64_t bytes, bool sync_old, bool* broken);
+
   // The active segment's file, shared so a syncer may use it unlocked.
   std::shared_ptr<UniqueFd> active_fd() const { return active_fd_; }
   // Closes the active segment; the next Append starts a new one.
