@@ -4,7 +4,9 @@
 # time, no disk I/O). The two goal comparisons (issue 15: each >= 0.5):
 # - "send": producing the bytes to send. A source sends its checkpoint: the
 #   tree it serves was opened in place from that file, and the stream is the
-#   file's blocks, copied into the send buffer (SnapshotWriter over that tree).
+#   file's blocks, copied into the send buffer (SnapshotWriter over that tree;
+#   the file's mapping touched once before the clock, as a server that has
+#   served its tree has: the check at open reads by pread, not the mapping).
 #   Its peer copies the same bytes in the same pieces (one block's size at a
 #   time) into one reused buffer: what the sender does, minus the codec. Both
 #   buffers are faulted in before the clock starts, as memcpy's destination
