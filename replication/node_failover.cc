@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -50,32 +51,71 @@ TreeStateReply Node::Impl::HandleTreeStateRequest(const TreeStateRequest& req) {
   return reply;
 }
 
-Result<TreeStateReply> Node::Impl::AskTreeState(const std::string& owner, const TreeStateRequest& req) {
+Result<std::unique_ptr<transport::Connection>> Node::Impl::DialOwner(const std::string& owner) {
   std::string owner_uri;
   {
     std::lock_guard<std::mutex> lock(mu);
     owner_uri = UriOfLocked(owner);
   }
   if (owner_uri.empty()) return Status::NotFound("URI of node " + owner + " unknown");
-  auto deadline = Deadline::After(std::max<std::chrono::milliseconds>(4 * options.heartbeat_interval,
-                                                                      std::chrono::milliseconds(300)));
   CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(owner_uri, topts));
   if (!Register(conn.get())) return Status::Aborted("stopping");
-  auto ask = [&]() -> Result<TreeStateReply> {
-    CANOPY_ASSIGN_OR_RETURN(PeerIdentity id, DialerHandshake(*conn, hs, deadline));
-    if (id.node_id != owner) return Status::Unavailable(fmt::format("{} answers as node {}", owner_uri, id.node_id));
-    CANOPY_RETURN_IF_ERROR(SendMessage(*conn, req));
-    CANOPY_ASSIGN_OR_RETURN(auto m, conn->Receive(deadline));
-    if (m.type != static_cast<uint16_t>(MessageType::kTreeStateReply)) return UnexpectedMessage(m, "TREE_STATE_REPLY");
-    CANOPY_ASSIGN_OR_RETURN(TreeStateReply r, DecodeTreeStateReply(m.payload));
-    if (r.tree != req.tree || r.node_id != owner) return Status::Corruption("TREE_STATE_REPLY for another tree or node");
-    return r;
-  };
-  auto r = ask();
-  conn->Close();
-  Unregister(conn.get());
-  if (r.ok()) Heard(owner);
-  return r;
+  auto id = DialerHandshake(*conn, hs, DialHandshakeDeadline());
+  Status s = !id.ok() ? id.status()
+             : id->node_id != owner
+                 ? Status::Unavailable(fmt::format("{} answers as node {}", owner_uri, id->node_id))
+                 : Status();
+  if (!s.ok()) {
+    conn->Close();
+    Unregister(conn.get());
+    return s;
+  }
+  return conn;
+}
+
+std::vector<Result<TreeStateReply>> Node::Impl::AskTreeStates(const std::vector<std::string>& asked,
+                                                              const TreeStateRequest& req) {
+  // Set-ups in parallel, each bounded like any dialled handshake: under
+  // emulation an rdma:// set-up alone took longer than the exchange's bound
+  // below, and a candidate that gave up on it never gathered its quorum.
+  std::vector<Result<std::unique_ptr<transport::Connection>>> links;
+  for (size_t i = 0; i < asked.size(); ++i) links.emplace_back(Status::Unavailable("not dialled"));
+  {
+    std::vector<std::thread> dialers;
+    for (size_t i = 0; i < asked.size(); ++i)
+      dialers.emplace_back([&, i] { links[i] = DialOwner(asked[i]); });
+    for (auto& d : dialers) d.join();
+  }
+  // The exchanges together, within a few heartbeats: every answer, and the
+  // hold it starts on its owner, falls in one short window.
+  auto deadline = Deadline::After(
+      std::max<std::chrono::milliseconds>(4 * options.heartbeat_interval, std::chrono::milliseconds(300)));
+  std::vector<Result<TreeStateReply>> replies(asked.size(), Status::Unavailable("not asked"));
+  std::vector<Status> sent(asked.size());
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (links[i].ok()) sent[i] = SendMessage(**links[i], req);
+  }
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (!links[i].ok()) {
+      replies[i] = links[i].status();
+      continue;
+    }
+    transport::Connection& conn = **links[i];
+    replies[i] = [&]() -> Result<TreeStateReply> {
+      CANOPY_RETURN_IF_ERROR(sent[i]);
+      CANOPY_ASSIGN_OR_RETURN(auto m, conn.Receive(deadline));
+      if (m.type != static_cast<uint16_t>(MessageType::kTreeStateReply))
+        return UnexpectedMessage(m, "TREE_STATE_REPLY");
+      CANOPY_ASSIGN_OR_RETURN(TreeStateReply r, DecodeTreeStateReply(m.payload));
+      if (r.tree != req.tree || r.node_id != asked[i])
+        return Status::Corruption("TREE_STATE_REPLY for another tree or node");
+      return r;
+    }();
+    conn.Close();
+    Unregister(&conn);
+    if (replies[i].ok()) Heard(asked[i]);
+  }
+  return replies;
 }
 
 // Takes over `tree` when its leader `dead.leader` is dead and we are, among
@@ -109,10 +149,16 @@ void Node::Impl::MaybeFailover(const std::string& tree_name, const Leadership& d
   };
   // Ask the other owners directly: no waiting for heartbeats to come round.
   const TreeStateRequest req{tree_name, dead.leader, dead.epoch};
-  size_t compared = 1;  // ourselves
+  std::vector<std::string> asked;
   for (const auto& owner : owners) {
-    if (owner == node_id || owner == dead.leader || stopping) continue;
-    auto r = AskTreeState(owner, req);
+    if (owner != node_id && owner != dead.leader) asked.push_back(owner);
+  }
+  if (stopping) return;
+  auto replies = AskTreeStates(asked, req);
+  size_t compared = 1;  // ourselves
+  for (size_t i = 0; i < asked.size(); ++i) {
+    const std::string& owner = asked[i];
+    const auto& r = replies[i];
     if (!r.ok()) {
       CANOPY_LOG(kDebug, "node {}: failover of {}: owner {} did not answer: {}", node_id, tree_name, owner,
                  r.status().ToString());

@@ -431,8 +431,16 @@ struct Node::Impl {
   // detector) and, among a quorum of owners that answer TREE_STATE_REQUEST
   // and no longer follow that leader, we hold the newest data.
   void MaybeFailover(const std::string& tree_name, const Leadership& dead);
-  // Asks `owner` for its state of the tree (a short, bounded exchange).
-  Result<TreeStateReply> AskTreeState(const std::string& owner, const TreeStateRequest& req);
+  // A connection to `owner`, registered and past its handshake (bounded by
+  // DialHandshakeDeadline); the caller closes and unregisters it.
+  Result<std::unique_ptr<transport::Connection>> DialOwner(const std::string& owner);
+  // Asks every owner in `asked` for its state of the tree: the connections
+  // are set up in parallel, then the requests go out together and every
+  // answer must come within a few heartbeats (an owner starts holding off
+  // the old leader when it answers, so the answers fall in one short
+  // window). One result per owner, in order.
+  std::vector<Result<TreeStateReply>> AskTreeStates(const std::vector<std::string>& asked,
+                                                    const TreeStateRequest& req);
   // Answers a candidate's TREE_STATE_REQUEST (see protocol.h).
   TreeStateReply HandleTreeStateRequest(const TreeStateRequest& req);
   // True while we promised a candidate not to follow `l` (hold_epoch).
