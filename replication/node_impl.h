@@ -98,6 +98,30 @@ inline constexpr int kMaxServedConnections = 1024;
 // connection's reader waits (stops reading) while that many are.
 inline constexpr size_t kMaxCommitsInFlight = 256;
 
+// Bulk bytes a stream lands (a checkpoint file, a run of WAL records) are
+// pulled in pieces of at most this size, so that the receiver can check,
+// grow or keep its stream alive between them.
+inline constexpr uint64_t kBulkPieceBytes = 2u << 20;
+
+// Receives the bulk bytes [from, to) of the message just received on `conn`,
+// piece by piece: `sink_at(offset)` gives where the piece that starts at
+// `offset` goes (it may make room first), and `landed(end)` runs once every
+// byte before `end` is in; a non-OK status from it stops the receive and is
+// returned. Each piece is bounded by `io_timeout`, the transport's own
+// no-progress limit (a peer that dies mid-way is seen at once, by reset or
+// close).
+template <typename SinkAt, typename Landed>
+Status ReceiveBulkInPieces(transport::Connection& conn, uint64_t from, uint64_t to,
+                           std::chrono::milliseconds io_timeout, SinkAt&& sink_at, Landed&& landed) {
+  for (uint64_t at = from; at < to;) {
+    const uint64_t piece = std::min(kBulkPieceBytes, to - at);
+    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(sink_at(at), piece, Deadline::After(io_timeout)));
+    at += piece;
+    CANOPY_RETURN_IF_ERROR(landed(at));
+  }
+  return Status::Ok();
+}
+
 // A committer sends its commit on the tree's leader streams itself (no
 // wake-up of their threads) while a stream is idle and the bytes sent on it
 // that its replica has not acked yet, these included, stay within

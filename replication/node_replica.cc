@@ -17,8 +17,6 @@ namespace canopy::replication {
 
 namespace {
 
-// DELTA_RECORDS' bulk bytes land in pieces of this size.
-constexpr uint64_t kRecordPieceBytes = 2u << 20;
 // A run of records at least this long lands in a file of its own that
 // becomes a WAL segment (Store::BeginWalRun); shorter ones land in memory.
 // A file per run: so not for the few KB of a replica that keeps up.
@@ -36,17 +34,14 @@ Status ReceiveDeltaRecords(transport::Connection& conn, uint64_t bytes, std::chr
                            PooledBuffer* buffer) {
   const auto reserve = static_cast<size_t>(std::min(bytes, kRecordReserveBytes));
   if (buffer->capacity() < reserve) buffer->Grow(reserve, 0);
-  uint64_t have = 0;
-  while (have < bytes) {
-    const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
-    if (buffer->capacity() < have + piece)
-      buffer->Grow(static_cast<size_t>(have + piece), static_cast<size_t>(have));
-    // Bounded by the transport's own no-progress limit (io_timeout).
-    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToMemory(buffer->data() + have), piece,
-                                            Deadline::After(io_timeout)));
-    have += piece;
-  }
-  return Status::Ok();
+  return ReceiveBulkInPieces(
+      conn, 0, bytes, io_timeout,
+      [&](uint64_t at) {
+        const uint64_t end = std::min(at + kBulkPieceBytes, bytes);
+        if (buffer->capacity() < end) buffer->Grow(static_cast<size_t>(end), static_cast<size_t>(at));
+        return transport::BulkSink::ToMemory(buffer->data() + at);
+      },
+      [](uint64_t) { return Status::Ok(); });
 }
 
 }  // namespace
@@ -239,13 +234,10 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // into memory.
   auto commit_wal_run = [&](uint64_t count, uint64_t bytes) -> Result<uint64_t> {
     CANOPY_ASSIGN_OR_RETURN(auto run, store->BeginWalRun(tree_name, bytes));
-    for (uint64_t have = 0; have < bytes;) {
-      const uint64_t piece = std::min(kRecordPieceBytes, bytes - have);
-      // Bounded by the transport's own no-progress limit (io_timeout).
-      CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(transport::BulkSink::ToFile(run->fd(), have), piece,
-                                              Deadline::After(topts.io_timeout)));
-      have += piece;
-    }
+    CANOPY_RETURN_IF_ERROR(ReceiveBulkInPieces(
+        conn, 0, bytes, topts.io_timeout,
+        [&](uint64_t at) { return transport::BulkSink::ToFile(run->fd(), at); },
+        [](uint64_t) { return Status::Ok(); }));
     return run->Commit(count);
   };
   while (!stopping) {

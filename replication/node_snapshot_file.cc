@@ -20,10 +20,6 @@
 namespace canopy::replication {
 namespace {
 
-// Bulk bytes are consumed in pieces of this size; after each piece the
-// blocks now complete are checked.
-constexpr uint64_t kBulkPieceBytes = 2u << 20;
-
 // Calls `send` once per `interval` on a thread of its own until Stop() (or
 // destruction), or until a call fails. Keeps one side of a stream audible
 // while the other would hear nothing: the leader preparing a file, the
@@ -222,22 +218,20 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
   // machine, a slow disk) cannot make the leader drop a transfer that is
   // progressing. Send may run beside ReceiveBulk (transport.h).
   Repeater acks(options.heartbeat_interval, keepalive);
-  Status s;
-  uint64_t landed = f.offset;
-  while (s.ok() && landed < f.file_bytes) {
-    uint64_t piece = std::min(kBulkPieceBytes, f.file_bytes - landed);
-    // Bounded by the transport's own no-progress limit (io_timeout); a
-    // leader that dies mid-file is seen at once (reset or close).
-    s = conn.ReceiveBulk(transport::BulkSink::ToFile(in.fd(), landed), piece, Deadline::After(topts.io_timeout));
-    if (!s.ok()) break;
-    landed += piece;
-    s = in.Landed(landed);
-    if (!s.ok()) {
-      CANOPY_LOG(kWarn, "node {}: snapshot of {} from {} refused: {}", node_id, tree_name, leader, s.ToString());
-      break;
-    }
-    Heard(leader);
-  }
+  // After each piece, the blocks now complete are checked (Landed).
+  Status s = ReceiveBulkInPieces(
+      conn, f.offset, f.file_bytes, topts.io_timeout,
+      [&](uint64_t at) { return transport::BulkSink::ToFile(in.fd(), at); },
+      [&](uint64_t landed) {
+        Status checked = in.Landed(landed);
+        if (!checked.ok()) {
+          CANOPY_LOG(kWarn, "node {}: snapshot of {} from {} refused: {}", node_id, tree_name, leader,
+                     checked.ToString());
+          return checked;
+        }
+        Heard(leader);
+        return Status::Ok();
+      });
   Status keepalive_status = acks.Stop();
   if (!s.ok()) return s;
   if (!keepalive_status.ok()) return keepalive_status;
