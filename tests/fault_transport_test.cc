@@ -111,10 +111,23 @@ TEST(FaultTransportTest, DelayHoldsEachMessage) {
   EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(100));
 }
 
+TEST(FaultTransportTest, ConnectDelaySlowsTheSetUpNotTheMessages) {
+  auto start = Clock::now();
+  Pair p = Connect("?connect_delay_ms=300");
+  ASSERT_TRUE(p.client && p.server);
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(300));
+  start = Clock::now();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(p.client->Send(1, "fast").ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(p.server->Receive(Deadline::After(std::chrono::seconds(2))).ok());
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(1000))
+      << "the messages must not wait 300 ms each";
+}
+
 TEST(FaultTransportTest, BadParametersAreRejected) {
   RegisterBuiltinTransports();
   for (const char* uri : {"fault+tcp://127.0.0.1:1?drop=2", "fault+tcp://127.0.0.1:1?dup=x",
-                          "fault+tcp://127.0.0.1:1?cut_after=-5", "fault+tcp://127.0.0.1:1?delay_ms=99999999"}) {
+                          "fault+tcp://127.0.0.1:1?cut_after=-5", "fault+tcp://127.0.0.1:1?delay_ms=99999999",
+                          "fault+tcp://127.0.0.1:1?connect_delay_ms=60001"}) {
     auto c = Dial(uri, SuiteOptions());
     EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << uri << ": " << c.status().ToString();
   }

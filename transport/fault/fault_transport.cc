@@ -113,9 +113,13 @@ class FaultListener final : public Listener {
     spec.seed += ++accepted_;  // distinct but reproducible per connection
     return std::unique_ptr<Connection>(new FaultConnection(std::move(c), spec));
   }
+  // The inner endpoint under the fault scheme. connect_delay_ms stays in it:
+  // it acts only where a connection is dialled, so a listener's address
+  // carries it to whoever dials that address.
   Endpoint local_endpoint() const override {
     Endpoint e = inner_->local_endpoint();
     e.scheme = scheme_;
+    if (spec_.connect_delay_ms > 0) e.params["connect_delay_ms"] = std::to_string(spec_.connect_delay_ms);
     return e;
   }
   void Close() override { inner_->Close(); }
@@ -143,6 +147,11 @@ class FaultTransport final : public Transport {
   Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) override {
     Endpoint e = remote;
     CANOPY_ASSIGN_OR_RETURN(FaultSpec spec, ToInner(&e));
+    // Before the dial: what takes long is resolving and setting up (as
+    // rdma_cm's address and route resolution under emulation), and the peer
+    // sees nothing of it.
+    if (spec.connect_delay_ms > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(spec.connect_delay_ms));
     CANOPY_ASSIGN_OR_RETURN(std::unique_ptr<Connection> c, inner_->Connect(e));
     return std::unique_ptr<Connection>(new FaultConnection(std::move(c), spec));
   }
@@ -184,6 +193,11 @@ Result<FaultSpec> ExtractFaultSpec(Endpoint* endpoint) {
     if (d > 60000) return Status::InvalidArgument("fault parameter delay_ms above 60000");
     spec.delay_ms = static_cast<uint32_t>(d);
   }
+  if (auto v = take("connect_delay_ms")) {
+    CANOPY_ASSIGN_OR_RETURN(uint64_t d, ParseCount("connect_delay_ms", *v));
+    if (d > 60000) return Status::InvalidArgument("fault parameter connect_delay_ms above 60000");
+    spec.connect_delay_ms = static_cast<uint32_t>(d);
+  }
   if (auto v = take("cut_after")) { CANOPY_ASSIGN_OR_RETURN(spec.cut_after_bytes, ParseCount("cut_after", *v)); }
   if (auto v = take("seed")) { CANOPY_ASSIGN_OR_RETURN(spec.seed, ParseCount("seed", *v)); }
   return spec;
@@ -202,7 +216,9 @@ Status RegisterFaultTransports(TransportRegistry& registry) {
     std::string scheme = std::string("fault+") + inner;
     std::string inner_scheme = inner;
     Status s = registry.Register(
-        scheme, "user-space fault injection (drop, dup, delay_ms, corrupt, cut_after) over " + inner_scheme + "://",
+        scheme,
+        "user-space fault injection (drop, dup, delay_ms, connect_delay_ms, corrupt, cut_after) over " +
+            inner_scheme + "://",
         [&registry, inner_scheme](const TransportOptions& options) -> Result<std::shared_ptr<Transport>> {
           CANOPY_ASSIGN_OR_RETURN(std::shared_ptr<Transport> t, registry.Create(inner_scheme, options));
           return MakeFaultTransport(std::move(t));

@@ -9,6 +9,12 @@
 //   drop=P        a message is silently not sent (Send returns OK)
 //   dup=P         a message is sent twice
 //   delay_ms=N    every message is held N ms before it is sent
+//   connect_delay_ms=N
+//                 Connect() waits N ms before it dials (a slow set-up, as
+//                 rdma_cm's address and route resolution under emulation);
+//                 the messages themselves go at full speed. Only on the dialling side; a
+//                 listener keeps it in its local_endpoint(), so peers that
+//                 dial the address it advertises get it too.
 //   corrupt=P     one payload byte is flipped before sending (the frame CRC is
 //                 then computed over the corrupted bytes, so it is the layer
 //                 above -- delta CRCs, protocol decoders -- that must notice)
@@ -41,10 +47,14 @@ struct FaultSpec {
   double duplicate = 0;
   double corrupt = 0;
   uint32_t delay_ms = 0;
+  uint32_t connect_delay_ms = 0;
   uint64_t cut_after_bytes = 0;  // 0: never
   uint64_t seed = 1;
 
-  bool any() const { return drop > 0 || duplicate > 0 || corrupt > 0 || delay_ms > 0 || cut_after_bytes > 0; }
+  bool any() const {
+    return drop > 0 || duplicate > 0 || corrupt > 0 || delay_ms > 0 || connect_delay_ms > 0 ||
+           cut_after_bytes > 0;
+  }
 };
 
 // Takes the fault parameters out of endpoint->params (InvalidArgument for a
