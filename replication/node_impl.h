@@ -104,8 +104,8 @@ inline constexpr size_t kMaxCommitsInFlight = 256;
 inline constexpr uint64_t kBulkPieceBytes = 2u << 20;
 
 // Receives the bulk bytes [from, to) of the message just received on `conn`,
-// piece by piece: `sink_at(offset)` gives where the piece that starts at
-// `offset` goes (it may make room first), and `landed(end)` runs once every
+// piece by piece: `sink_at(offset, length)` gives where the piece of
+// `length` bytes that starts at `offset` goes (it may make room first), and `landed(end)` runs once every
 // byte before `end` is in; a non-OK status from it stops the receive and is
 // returned. Each piece is bounded by `io_timeout`, the transport's own
 // no-progress limit (a peer that dies mid-way is seen at once, by reset or
@@ -115,7 +115,7 @@ Status ReceiveBulkInPieces(transport::Connection& conn, uint64_t from, uint64_t 
                            std::chrono::milliseconds io_timeout, SinkAt&& sink_at, Landed&& landed) {
   for (uint64_t at = from; at < to;) {
     const uint64_t piece = std::min(kBulkPieceBytes, to - at);
-    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(sink_at(at), piece, Deadline::After(io_timeout)));
+    CANOPY_RETURN_IF_ERROR(conn.ReceiveBulk(sink_at(at, piece), piece, Deadline::After(io_timeout)));
     at += piece;
     CANOPY_RETURN_IF_ERROR(landed(at));
   }

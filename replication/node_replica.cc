@@ -36,9 +36,9 @@ Status ReceiveDeltaRecords(transport::Connection& conn, uint64_t bytes, std::chr
   if (buffer->capacity() < reserve) buffer->Grow(reserve, 0);
   return ReceiveBulkInPieces(
       conn, 0, bytes, io_timeout,
-      [&](uint64_t at) {
-        const uint64_t end = std::min(at + kBulkPieceBytes, bytes);
-        if (buffer->capacity() < end) buffer->Grow(static_cast<size_t>(end), static_cast<size_t>(at));
+      [&](uint64_t at, uint64_t piece) {
+        if (buffer->capacity() < at + piece)
+          buffer->Grow(static_cast<size_t>(at + piece), static_cast<size_t>(at));
         return transport::BulkSink::ToMemory(buffer->data() + at);
       },
       [](uint64_t) { return Status::Ok(); });
@@ -236,7 +236,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
     CANOPY_ASSIGN_OR_RETURN(auto run, store->BeginWalRun(tree_name, bytes));
     CANOPY_RETURN_IF_ERROR(ReceiveBulkInPieces(
         conn, 0, bytes, topts.io_timeout,
-        [&](uint64_t at) { return transport::BulkSink::ToFile(run->fd(), at); },
+        [&](uint64_t at, uint64_t) { return transport::BulkSink::ToFile(run->fd(), at); },
         [](uint64_t) { return Status::Ok(); }));
     return run->Commit(count);
   };

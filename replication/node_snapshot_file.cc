@@ -221,7 +221,7 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
   // After each piece, the blocks now complete are checked (Landed).
   Status s = ReceiveBulkInPieces(
       conn, f.offset, f.file_bytes, topts.io_timeout,
-      [&](uint64_t at) { return transport::BulkSink::ToFile(in.fd(), at); },
+      [&](uint64_t at, uint64_t) { return transport::BulkSink::ToFile(in.fd(), at); },
       [&](uint64_t landed) {
         Status checked = in.Landed(landed);
         if (!checked.ok()) {

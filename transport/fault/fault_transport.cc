@@ -188,16 +188,17 @@ Result<FaultSpec> ExtractFaultSpec(Endpoint* endpoint) {
   if (auto v = take("drop")) { CANOPY_ASSIGN_OR_RETURN(spec.drop, ParseProbability("drop", *v)); }
   if (auto v = take("dup")) { CANOPY_ASSIGN_OR_RETURN(spec.duplicate, ParseProbability("dup", *v)); }
   if (auto v = take("corrupt")) { CANOPY_ASSIGN_OR_RETURN(spec.corrupt, ParseProbability("corrupt", *v)); }
-  if (auto v = take("delay_ms")) {
-    CANOPY_ASSIGN_OR_RETURN(uint64_t d, ParseCount("delay_ms", *v));
-    if (d > 60000) return Status::InvalidArgument("fault parameter delay_ms above 60000");
-    spec.delay_ms = static_cast<uint32_t>(d);
-  }
-  if (auto v = take("connect_delay_ms")) {
-    CANOPY_ASSIGN_OR_RETURN(uint64_t d, ParseCount("connect_delay_ms", *v));
-    if (d > 60000) return Status::InvalidArgument("fault parameter connect_delay_ms above 60000");
-    spec.connect_delay_ms = static_cast<uint32_t>(d);
-  }
+  // A delay in ms, at most a minute.
+  auto take_ms = [&](const char* key, uint32_t* out) -> Status {
+    auto v = take(key);
+    if (!v) return Status::Ok();
+    CANOPY_ASSIGN_OR_RETURN(uint64_t d, ParseCount(key, *v));
+    if (d > 60000) return Status::InvalidArgument(std::string("fault parameter ") + key + " above 60000");
+    *out = static_cast<uint32_t>(d);
+    return Status::Ok();
+  };
+  CANOPY_RETURN_IF_ERROR(take_ms("delay_ms", &spec.delay_ms));
+  CANOPY_RETURN_IF_ERROR(take_ms("connect_delay_ms", &spec.connect_delay_ms));
   if (auto v = take("cut_after")) { CANOPY_ASSIGN_OR_RETURN(spec.cut_after_bytes, ParseCount("cut_after", *v)); }
   if (auto v = take("seed")) { CANOPY_ASSIGN_OR_RETURN(spec.seed, ParseCount("seed", *v)); }
   return spec;

@@ -12,9 +12,9 @@
 //   connect_delay_ms=N
 //                 Connect() waits N ms before it dials (a slow set-up, as
 //                 rdma_cm's address and route resolution under emulation);
-//                 the messages themselves go at full speed. Only on the dialling side; a
-//                 listener keeps it in its local_endpoint(), so peers that
-//                 dial the address it advertises get it too.
+//                 the messages themselves go at full speed. Only on the
+//                 dialling side; a listener keeps it in its local_endpoint(),
+//                 so peers that dial the address it advertises get it too.
 //   corrupt=P     one payload byte is flipped before sending (the frame CRC is
 //                 then computed over the corrupted bytes, so it is the layer
 //                 above -- delta CRCs, protocol decoders -- that must notice)
