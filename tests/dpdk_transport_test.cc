@@ -163,6 +163,137 @@ TEST(DpdkConnState, SynGoesOutOnThePollAfterTheArpReply) {
   EXPECT_EQ(out.emitted.size(), 1u);
 }
 
+// A frame's payload held in pieces, as a multi-segment mbuf chain holds it.
+class PiecewisePayload final : public dpdk::PayloadSource {
+ public:
+  PiecewisePayload(std::string bytes, uint32_t piece) : bytes_(std::move(bytes)), piece_(piece) {}
+  void CopyOut(uint32_t offset, uint32_t len, char* dst) const override {
+    std::memcpy(dst, bytes_.data() + offset, len);
+  }
+  Span SpanAt(uint32_t offset, uint32_t len) const override {
+    return Span{bytes_.data() + offset, std::min(len, piece_ - offset % piece_)};
+  }
+  const std::string& bytes() const { return bytes_; }
+
+ private:
+  std::string bytes_;
+  uint32_t piece_;
+};
+
+// An established client connection (its peer's id 7) for driving by hand.
+std::shared_ptr<dpdk::ConnState> EstablishedClient(uint64_t now_ns) {
+  dpdk::ConnParams params;
+  params.local_id = 1;
+  params.local_ip = 0x0a000001;
+  params.remote_ip = 0x0a000002;
+  params.local_port = 1000;
+  params.remote_port = 2000;
+  auto conn = dpdk::ConnState::NewClient(params, now_ns);
+  RecordingOutput out;
+  out.mac_known = true;
+  conn->Poll(out, now_ns, 32);
+  dpdk::SegmentHeader syn_ack;
+  syn_ack.kind = dpdk::SegmentKind::kSynAck;
+  syn_ack.src_conn = 7;
+  syn_ack.dst_conn = 1;
+  syn_ack.seq = params.mss;
+  syn_ack.window = 1u << 20;
+  conn->OnSegment(syn_ack, PiecewisePayload("", 1), now_ns);
+  return conn;
+}
+
+dpdk::SegmentHeader DataSegment(uint64_t seq, uint32_t len) {
+  dpdk::SegmentHeader h;
+  h.kind = dpdk::SegmentKind::kData;
+  h.src_conn = 7;
+  h.dst_conn = 1;
+  h.seq = seq;
+  h.window = 1u << 20;
+  h.payload_len = len;
+  return h;
+}
+
+// One copy on receive: a ReadWith that waits posts its drainer, and a frame
+// its own thread's poll receives is drained where it lies in the frame, piece
+// by piece, with successive bytes; a frame another thread receives meanwhile
+// goes through the receive ring. A drainer that takes only part of what it is
+// offered leaves the rest, in order, for the next read; one that fails makes
+// the read fail with its error.
+TEST(DpdkConnState, AWaitingReadWithDrainsItsOwnPollsFramesInPlace) {
+  const uint64_t t0 = 1'000'000'000;
+  auto conn = EstablishedClient(t0);
+  const PiecewisePayload first(RandomBytes(3000, 21), 1000);
+  const PiecewisePayload second(RandomBytes(2000, 22), 2000);
+  const PiecewisePayload third(RandomBytes(1500, 23), 1500);
+  int polls = 0;
+  conn->set_poller([&] {
+    if (polls++ > 0) return false;
+    conn->OnSegment(DataSegment(0, 3000), first, t0);
+    return true;
+  });
+  std::vector<const char*> where;
+  std::string got;
+  auto take_all = [&](const char* src, size_t len) -> Result<size_t> {
+    where.push_back(src);
+    got.append(src, len);
+    return len;
+  };
+  auto read = conn->ReadWith(8192, take_all, Deadline::After(2s));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, 3000u);
+  EXPECT_EQ(got, first.bytes());
+  ASSERT_EQ(where.size(), 3u) << "one call per piece of the frame";
+  for (size_t i = 0; i < where.size(); ++i) EXPECT_EQ(where[i], first.bytes().data() + 1000 * i);
+
+  // Received by another thread (the port's I/O thread) before any read: into the ring.
+  std::thread io([&] { conn->OnSegment(DataSegment(3000, 2000), second, t0); });
+  io.join();
+  where.clear();
+  got.clear();
+  read = conn->ReadWith(8192, take_all, Deadline::After(2s));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(got, second.bytes());
+  ASSERT_FALSE(where.empty());
+  EXPECT_NE(where[0], second.bytes().data());
+
+  // A drainer that takes 600 bytes of the 1500 offered: the other 900 follow on the next read.
+  polls = 0;
+  conn->set_poller([&] {
+    if (polls++ > 0) return false;
+    conn->OnSegment(DataSegment(5000, 1500), third, t0);
+    return true;
+  });
+  got.clear();
+  read = conn->ReadWith(
+      8192,
+      [&](const char* src, size_t len) -> Result<size_t> {
+        got.append(src, std::min<size_t>(len, 600));
+        return std::min<size_t>(len, 600);
+      },
+      Deadline::After(2s));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, 600u);
+  read = conn->ReadWith(8192, take_all, Deadline::After(2s));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, 900u);
+  EXPECT_EQ(got, third.bytes());
+
+  // A drainer that fails: the read returns its error.
+  const PiecewisePayload fourth(RandomBytes(100, 24), 100);
+  polls = 0;
+  conn->set_poller([&] {
+    if (polls++ > 0) return false;
+    conn->OnSegment(DataSegment(6500, 100), fourth, t0);
+    return true;
+  });
+  read = conn->ReadWith(
+      8192, [](const char*, size_t) -> Result<size_t> { return Status::IOError("disk full"); },
+      Deadline::After(2s));
+  ASSERT_FALSE(read.ok());
+  EXPECT_EQ(read.status().ToString(), Status::IOError("disk full").ToString());
+  conn->set_poller(nullptr);
+}
+
 TEST(DpdkTransport, SecondTransportWithOtherEalArgumentsIsRefused) {
   RegisterBuiltinTransports();
   ASSERT_TRUE(TransportRegistry::Global().Create("dpdk", MemifOptions("port=0")).ok());
@@ -374,6 +505,29 @@ TEST(DpdkWire, RingMemoryIsHugePageAlignedFromTwoMebibytes) {
     EXPECT_EQ(storage.bytes.get()[0], 0x5a);
     EXPECT_EQ(storage.bytes.get()[capacity - 1], 0x5a);
   }
+}
+
+// Frames that point into a send ring keep its storage alive together, with
+// one reference: the storage outlives its ring until the last frame lets go.
+TEST(DpdkWire, RingStorageLivesUntilItsLastFrameLetsGo) {
+  std::weak_ptr<dpdk::RingStorage> watch;
+  dpdk::RingStorage* storage = nullptr;
+  {
+    dpdk::ByteRing ring(1u << 16);
+    watch = ring.storage();
+    storage = ring.storage().get();
+    storage->AddFrame(ring.storage());
+    storage->AddFrame(ring.storage());
+    EXPECT_EQ(watch.use_count(), 2) << "the ring, and one for all its frames";
+    dpdk::RingStorage::ReleaseFrame(storage);
+    EXPECT_EQ(watch.use_count(), 2);
+  }
+  EXPECT_FALSE(watch.expired()) << "a frame still points into it";
+  storage->AddFrame(watch.lock());
+  dpdk::RingStorage::ReleaseFrame(storage);
+  EXPECT_FALSE(watch.expired());
+  dpdk::RingStorage::ReleaseFrame(storage);
+  EXPECT_TRUE(watch.expired()) << "the last frame let go";
 }
 
 TEST(DpdkWire, ByteRingWrapsAroundByAbsoluteOffsets) {

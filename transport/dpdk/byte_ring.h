@@ -10,8 +10,8 @@
 // a queued frame still points at.
 //
 // Thread safety: none. The ring itself is guarded by the owning ConnState's
-// mutex; the pin counters are touched only by whoever holds the port's poll
-// lock (frames are built, transmitted and freed there, and acks consume the
+// mutex; the pin and frame counters are touched only by whoever holds the
+// port's poll lock (frames are built, transmitted and freed there, and acks consume the
 // send ring there).
 #pragma once
 
@@ -52,9 +52,25 @@ struct RingStorage {
     for (uint64_t s = from >> kPinSlotShift; s <= (to - 1) >> kPinSlotShift; ++s) --pins[s % pins.size()];
   }
 
+  // A frame now points into this storage (`self` is a reference to it, such
+  // as its ring's storage()). The frames together hold one reference, taken
+  // by the first and dropped by the last: a reference per frame (an atomic
+  // add and subtract on one shared count) took 13% of a sender's CPU over
+  // memif, whose transmit frees every frame within its burst.
+  void AddFrame(const std::shared_ptr<RingStorage>& self) {
+    if (frames++ == 0) held_by_frames = self;
+  }
+  // A frame let go of `storage`, which is destroyed here if it was the last
+  // reference (its ring gone, no other frame left).
+  static void ReleaseFrame(RingStorage* storage) {
+    if (--storage->frames == 0) std::shared_ptr<RingStorage> last = std::move(storage->held_by_frames);
+  }
+
   std::unique_ptr<char, RingMemoryFree> bytes;
   const size_t capacity;
   std::vector<uint32_t> pins;  // per slot (offset >> kPinSlotShift) modulo pins.size()
+  uint64_t frames = 0;         // frames pointing into the storage
+  std::shared_ptr<RingStorage> held_by_frames;  // set while frames > 0
 };
 
 class ByteRing {

@@ -129,19 +129,40 @@ void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline
   cv_.wait_for(lock, std::min<std::chrono::milliseconds>(deadline.remaining(), std::chrono::milliseconds(20)));
 }
 
-template <typename Fill>
-void ConnState::DeliverLocked(size_t n, Fill fill) {
+void ConnState::DeliverLocked(size_t n, const PayloadSource& payload, uint32_t skip) {
   size_t direct = 0;
-  if (posted_dst_ != nullptr && rcv_.size() == 0) {
+  if (posted_drain_ != nullptr && rcv_.size() == 0 && posted_drain_status_.ok() &&
+      posted_drain_thread_ == std::this_thread::get_id()) {
+    // The reader polls from its own thread: hand it the bytes where they lie.
+    while (direct < n && posted_drained_ < posted_drain_max_) {
+      const size_t want = std::min(n - direct, posted_drain_max_ - posted_drained_);
+      const PayloadSource::Span span =
+          payload.SpanAt(skip + static_cast<uint32_t>(direct), static_cast<uint32_t>(want));
+      Result<size_t> drained = (*posted_drain_)(span.data, span.len);
+      if (drained.ok() && *drained == 0)
+        drained = Status::Internal("ReadWith: the drainer consumed no bytes");
+      if (!drained.ok()) {
+        posted_drain_status_ = drained.status();
+        break;
+      }
+      const size_t used = std::min<size_t>(*drained, span.len);
+      direct += used;
+      posted_drained_ += used;
+      if (used < span.len) break;
+    }
+    rcv_.Skip(direct);
+  } else if (posted_dst_ != nullptr && rcv_.size() == 0) {
     direct = std::min(n, posted_max_ - posted_len_);
     if (direct > 0) {
-      fill(posted_dst_ + posted_len_, direct, 0);
+      payload.CopyOut(skip, static_cast<uint32_t>(direct), posted_dst_ + posted_len_);
       posted_len_ += direct;
       rcv_.Skip(direct);
     }
   }
   if (n > direct) {
-    rcv_.AppendWith(n - direct, [&](char* dst, size_t len, size_t done) { fill(dst, len, direct + done); });
+    rcv_.AppendWith(n - direct, [&](char* dst, size_t len, size_t done) {
+      payload.CopyOut(skip + static_cast<uint32_t>(direct + done), static_cast<uint32_t>(len), dst);
+    });
   }
   rcv_nxt_ += n;
 }
@@ -387,9 +408,7 @@ void ConnState::HandleDataLocked(const SegmentHeader& h, const PayloadSource& pa
       if (seq <= rcv_nxt_) {
         uint64_t skip = rcv_nxt_ - seq;
         size_t n = static_cast<size_t>(end - rcv_nxt_);
-        DeliverLocked(n, [&](char* dst, size_t len, size_t done) {
-          payload.CopyOut(static_cast<uint32_t>(skip + done), static_cast<uint32_t>(len), dst);
-        });
+        DeliverLocked(n, payload, static_cast<uint32_t>(skip));
         DeliverOutOfOrderLocked();
         cv_.notify_all();
       } else {
@@ -802,7 +821,29 @@ Result<size_t> ConnState::ReadWith(size_t max, const Drainer& drain, Deadline de
     if (!error_.ok()) return error_;
     if (deadline.expired()) return Status::Timeout("receive deadline passed");
     if (max == 0) return size_t{0};
-    WaitLocked(lock, deadline, [&] { return rcv_.size() > 0 || eof_ || !error_.ok() || app_closed_; });
+    // Post the drainer: in-order bytes this thread's polls receive while it
+    // waits go to it straight from their frames (DeliverLocked).
+    posted_drain_ = &drain;
+    posted_drain_thread_ = std::this_thread::get_id();
+    posted_drain_max_ = max;
+    posted_drained_ = 0;
+    posted_drain_status_ = Status::Ok();
+    WaitLocked(lock, deadline, [&] {
+      return posted_drained_ > 0 || !posted_drain_status_.ok() || rcv_.size() > 0 || eof_ || !error_.ok() ||
+             app_closed_;
+    });
+    const size_t drained = posted_drained_;
+    Status drain_status = std::move(posted_drain_status_);
+    posted_drain_ = nullptr;
+    posted_drain_max_ = posted_drained_ = 0;
+    posted_drain_status_ = Status::Ok();
+    if (!drain_status.ok()) return drain_status;
+    if (drained > 0) {
+      bool wake = rcv_.begin() + rcv_.capacity() >= advertised_edge_ + rcv_.capacity() / 4;
+      lock.unlock();
+      if (wake) Wake();
+      return drained;
+    }
   }
 }
 

@@ -44,7 +44,11 @@
 // it sleep on a condition variable and leave the port to the I/O thread.
 // A Read that finds no buffered bytes posts the caller's buffer: in-order
 // payload arriving while it waits is copied from the frame straight into it
-// (one copy on receive).
+// (one copy on receive). A ReadWith that finds none posts its drainer the same
+// way, for the polls it makes from its own thread: the drainer gets the bytes
+// where they lie in the frame (the message being received, or the file a bulk
+// transfer lands in, is the only copy). Bytes that arrive while the I/O thread
+// polls go through the receive ring as before.
 #pragma once
 
 #include <chrono>
@@ -57,6 +61,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "base/clock.h"
 #include "base/result.h"
@@ -73,6 +78,15 @@ class PayloadSource {
  public:
   virtual ~PayloadSource() = default;
   virtual void CopyOut(uint32_t offset, uint32_t len, char* dst) const = 0;
+  // Where payload byte `offset` lies, and how many of the `len` (>= 1) bytes
+  // from there follow it contiguously (1..len: a frame in several pieces
+  // ends a span at the end of a piece). REQUIRES: offset + len within the
+  // payload. Valid while the frame is.
+  struct Span {
+    const char* data;
+    uint32_t len;
+  };
+  virtual Span SpanAt(uint32_t offset, uint32_t len) const = 0;
 };
 
 // What a connection needs from its port to put segments on the wire.
@@ -150,9 +164,16 @@ class ConnState {
   Result<size_t> Read(char* dst, size_t max, Deadline deadline);
   // Read, but the received bytes are handed out in place:
   // drain(src, len) consumes 1..len bytes at src (e.g. pwrite to a file) and
-  // returns how many, or an error (returned as is). It runs without the
-  // connection's mutex, so at most one Read / ReadWith at a time (REQUIRES:
-  // the caller serialises them). Returns the bytes consumed (1..max).
+  // returns how many, or an error (returned as is). One ReadWith may call it
+  // several times, with successive bytes of the stream (a consumed prefix is
+  // never handed out again). Bytes already buffered
+  // are drained from the receive ring without the connection's mutex; when
+  // none are, the drainer is posted and takes the bytes of frames this
+  // thread's own polls receive straight from the frame, inside the poll
+  // (under the connection's mutex and the port's poll lock: it must not call
+  // into the connection or the port, nor wait for the network). At most one
+  // Read / ReadWith at a time (REQUIRES: the caller serialises them).
+  // Returns the bytes consumed (1..max).
   using Drainer = std::function<Result<size_t>(const char* src, size_t len)>;
   Result<size_t> ReadWith(size_t max, const Drainer& drain, Deadline deadline);
   // Orderly end of the send stream (FIN after the buffered data). Idempotent.
@@ -215,10 +236,10 @@ class ConnState {
   void HandleDataLocked(const SegmentHeader& h, const PayloadSource& payload, uint64_t now_ns);
   void DeliverOutOfOrderLocked();
   void AddOutOfOrderLocked(uint64_t start, uint64_t end);
-  // Delivers the next n in-order bytes (filled by fill(dst, len, done)): into
-  // a posted Read buffer first, the rest into rcv_.
-  template <typename Fill>
-  void DeliverLocked(size_t n, Fill fill);
+  // Delivers the next n in-order bytes, payload bytes [skip, skip + n): to a
+  // posted drainer (when this thread posted it) or into a posted Read
+  // buffer first, the rest into rcv_.
+  void DeliverLocked(size_t n, const PayloadSource& payload, uint32_t skip);
   // Frees acked send-ring bytes no queued frame pins.
   void ReleaseSentLocked();
   // Waits until done() (or the deadline / a 20 ms slice), polling the port
@@ -320,6 +341,13 @@ class ConnState {
   char* posted_dst_ = nullptr;
   size_t posted_max_ = 0;
   size_t posted_len_ = 0;
+  // A ReadWith waiting for bytes: its drainer, for frames its own thread's
+  // polls deliver; what it drained and how it failed.
+  const Drainer* posted_drain_ = nullptr;
+  std::thread::id posted_drain_thread_;
+  size_t posted_drain_max_ = 0;
+  size_t posted_drained_ = 0;
+  Status posted_drain_status_;
 };
 
 }  // namespace canopy::transport::dpdk

@@ -119,7 +119,7 @@ uint32_t KernelInterfaceMtu(const std::string& iface) {
 // and the storage it keeps alive and pins.
 struct TxPin {
   rte_mbuf_ext_shared_info shinfo;
-  std::shared_ptr<RingStorage> storage;
+  RingStorage* storage = nullptr;  // kept alive by RingStorage::AddFrame
   uint64_t from = 0;
   uint64_t to = 0;
 };
@@ -131,6 +131,7 @@ constexpr uint16_t kMbufPrivSize =
 void ReleasePin(void* /*addr*/, void* opaque) {
   auto* pin = static_cast<TxPin*>(opaque);
   pin->storage->Unpin(pin->from, pin->to);
+  RingStorage::ReleaseFrame(pin->storage);
   pin->~TxPin();
 }
 
@@ -178,6 +179,16 @@ class MbufPayload final : public PayloadSource {
   void CopyOut(uint32_t offset, uint32_t len, char* dst) const override {
     const void* p = rte_pktmbuf_read(m_, base_ + offset, len, dst);
     if (p != dst && p != nullptr) std::memcpy(dst, p, len);
+  }
+  Span SpanAt(uint32_t offset, uint32_t len) const override {
+    uint32_t off = base_ + offset;
+    const rte_mbuf* seg = m_;
+    while (seg->next != nullptr && off >= rte_pktmbuf_data_len(seg)) {
+      off -= rte_pktmbuf_data_len(seg);
+      seg = seg->next;
+    }
+    return Span{rte_pktmbuf_mtod_offset(seg, const char*, off),
+                std::min(len, rte_pktmbuf_data_len(seg) - off)};
   }
 
  private:
@@ -876,7 +887,8 @@ rte_mbuf* DpdkPort::BuildFrame(const MacAddress& dst_mac, uint32_t src_ip, uint1
     pin->shinfo.free_cb = ReleasePin;
     pin->shinfo.fcb_opaque = pin;
     rte_mbuf_ext_refcnt_set(&pin->shinfo, 1);
-    pin->storage = data->storage();
+    pin->storage = data->storage().get();
+    pin->storage->AddFrame(data->storage());
     pin->from = at;
     pin->to = at + chunk;
     pin->storage->Pin(pin->from, pin->to);

@@ -125,14 +125,19 @@ class DpdkConnection final : public Connection {
       if (sink.is_file()) {
         // Straight from the receive ring into the file (no buffer between).
         bool file_failed = false;
+        uint64_t drained = 0;  // a ReadWith may call the drainer more than once
         auto got = conn_->ReadWith(
             want,
             [&](const char* src, size_t len) -> Result<size_t> {
               auto write_lock = sink.LockFileWrite();
               for (;;) {
-                ssize_t w = ::pwrite(sink.fd, src, len, static_cast<off_t>(sink.file_offset + done));
+                ssize_t w =
+                    ::pwrite(sink.fd, src, len, static_cast<off_t>(sink.file_offset + done + drained));
                 if (w < 0 && errno == EINTR) continue;
-                if (w > 0) return static_cast<size_t>(w);
+                if (w > 0) {
+                  drained += static_cast<uint64_t>(w);
+                  return static_cast<size_t>(w);
+                }
                 file_failed = true;
                 return ErrnoStatus(w < 0 ? errno : EIO, "writing bulk bytes to file");
               }
