@@ -294,6 +294,26 @@ TEST(DpdkConnState, AWaitingReadWithDrainsItsOwnPollsFramesInPlace) {
   conn->set_poller(nullptr);
 }
 
+// A read that polls the port itself and sees no traffic for kSpinNs hands
+// the port to its I/O thread at once (a wakeup) before it sleeps: while
+// application threads poll, that thread checks back only every 0.1-1 ms.
+TEST(DpdkConnState, AReadThatStopsPollingWakesTheIoThread) {
+  auto conn = EstablishedClient(1'000'000'000);
+  std::atomic<int> polls{0}, wakeups{0};
+  conn->set_poller([&] {
+    ++polls;
+    return false;
+  });
+  conn->set_wakeup([&] { ++wakeups; });
+  char buf[16];
+  auto read = conn->Read(buf, sizeof buf, Deadline::After(100ms));
+  EXPECT_EQ(read.status().code(), StatusCode::kTimeout) << read.status().ToString();
+  EXPECT_GT(polls.load(), 0);
+  EXPECT_GE(wakeups.load(), 1) << "the read went to sleep without waking the I/O thread";
+  conn->set_poller(nullptr);
+  conn->set_wakeup(nullptr);
+}
+
 TEST(DpdkTransport, SecondTransportWithOtherEalArgumentsIsRefused) {
   RegisterBuiltinTransports();
   ASSERT_TRUE(TransportRegistry::Global().Create("dpdk", MemifOptions("port=0")).ok());

@@ -115,8 +115,9 @@ void ConnState::WaitLocked(std::unique_lock<std::mutex>& lock, Deadline deadline
       if (moved) {
         last_progress = now;
       } else if (now - last_progress > kSpinNs) {
+        Wake();  // quiet: sleep below, and the I/O thread takes over now
         lock.lock();
-        break;  // quiet: sleep below, the I/O thread takes over
+        break;
       } else if (now - last_progress > kSpinNoYieldNs) {
         // Waiting longer than a round trip (window, acks, a slow peer): let
         // the other threads on this core run between polls.
