@@ -333,12 +333,15 @@ fi
 comparisons=$(
   for size in "${sizes[@]}"; do
     bench_comparison "bandwidth, $size B messages: dpdk:// (memif) vs tcp:// (127.0.0.1)" Gbit/s true \
-      "dpdk://" "$(bench_samples ${bw_d[$size]})" "tcp://" "$(bench_samples ${bw_t[$size]})"
+      "dpdk://" "$(bench_samples ${bw_d[$size]})" "tcp://" "$(bench_samples ${bw_t[$size]})" \
+      1.0 "issue 17: dpdk:// over memif at least as fast as tcp:// loopback"
   done
   bench_comparison "ping-pong latency p50, $lat_size B: dpdk:// (memif) vs tcp:// (127.0.0.1)" µs false \
-    "dpdk://" "$(bench_samples "${lat_d50[@]}")" "tcp://" "$(bench_samples "${lat_t50[@]}")"
+    "dpdk://" "$(bench_samples "${lat_d50[@]}")" "tcp://" "$(bench_samples "${lat_t50[@]}")" \
+    1.0 "issue 17: p50 at or below tcp://"
   bench_comparison "ping-pong latency p99, $lat_size B: dpdk:// (memif) vs tcp:// (127.0.0.1)" µs false \
-    "dpdk://" "$(bench_samples "${lat_d99[@]}")" "tcp://" "$(bench_samples "${lat_t99[@]}")"
+    "dpdk://" "$(bench_samples "${lat_d99[@]}")" "tcp://" "$(bench_samples "${lat_t99[@]}")" \
+    1.0 "issue 17: p99 at or below tcp://"
   if ((${#fair_lo[@]} > 0)); then
     bench_comparison "two dpdk:// connections at once on one memif port (bench -P 2, $fair_size B messages): the slower vs the faster" \
       Gbit/s true "slower connection" "$(bench_samples "${fair_lo[@]}")" "faster connection" "$(bench_samples "${fair_hi[@]}")" \
@@ -359,7 +362,8 @@ comparisons=$(
   fi
   if ((${#tp[@]} > 0)); then
     bench_comparison "dpdk:// bench ($last B messages) vs raw testpmd txonly -> rxonly, $frame B frames on memif (Gbit/s of $mss B stream payload per frame)" \
-      Gbit/s true "dpdk:// bench" "$(bench_samples "${tp_dpdk[@]}")" "testpmd (raw frames)" "$(bench_samples "${tp[@]}")"
+      Gbit/s true "dpdk:// bench" "$(bench_samples "${tp_dpdk[@]}")" "testpmd (raw frames)" "$(bench_samples "${tp[@]}")" \
+      0.7 "issue 17: at least 0.7x raw testpmd on the same frames"
   fi
 )
 comparisons=$(jq -s -c . <<<"$comparisons")

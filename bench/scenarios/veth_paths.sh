@@ -254,7 +254,8 @@ comparisons=$(
   fi
   if ((${#tpr[@]} > 0)); then
     bench_comparison "dpdk:// bench (64 KiB messages) vs raw testpmd txonly -> rxonly, net_af_packet on the same veth (Gbit/s of ${dpdk_mss} B stream payload per frame)" \
-      Gbit/s true "bench dpdk:// -s 64K" "$(bench_samples "${tpd[@]}")" "testpmd (raw frames)" "$(bench_samples "${tpr[@]}")"
+      Gbit/s true "bench dpdk:// -s 64K" "$(bench_samples "${tpd[@]}")" "testpmd (raw frames)" "$(bench_samples "${tpr[@]}")" \
+      0.7 "issue 17: at least 0.7x testpmd over af_packet on the same veth"
   fi
 )
 comparisons=$(jq -s -c . <<<"$comparisons")
