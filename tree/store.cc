@@ -367,6 +367,43 @@ Result<Version> LoadLegacyCheckpoint(const std::string& path) {
   return v;
 }
 
+// A read-only mapping of a WAL segment, for recovery to replay large values
+// in place; null (values are then copied) if the file is empty or cannot be
+// mapped. A segment is only ever appended to or cut after its last whole
+// record, so the bytes of a replayed record never change under the mapping;
+// an unlinked segment stays readable while a version refers into it (on a
+// disk, its blocks stay allocated until then).
+NodeImagePtr MapWalSegment(const std::string& path) {
+  auto fd = OpenFile(path, O_RDONLY);
+  if (!fd.ok()) return nullptr;
+  struct stat st {};
+  if (::fstat(fd->get(), &st) != 0 || st.st_size <= 0) return nullptr;
+  const auto size = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->get(), 0);
+  if (p == MAP_FAILED) return nullptr;
+  return NodeImage::FromMapping(static_cast<const char*>(p), size, {}, {});
+}
+
+// Whether a replayed delta is applied from the mapping: it puts a value
+// large enough to be kept in place (kReferencedValueBytes), and the record
+// (the scan's copy of it, ending at file offset record_end) lies inside it.
+bool ReplayInPlace(const Delta& d, std::string_view record, uint64_t record_end,
+                   const NodeImagePtr& mapping) {
+  if (!mapping || record_end < record.size() || record_end > mapping->size()) return false;
+  for (const Op& op : d.ops) {
+    if (op.type == OpType::kPutAttribute && op.value.size() >= kReferencedValueBytes) return true;
+  }
+  return false;
+}
+
+// ApplyOps over the mapped bytes of the record: its large values are not copied.
+Result<NodePtr> ApplyMapped(const NodePtr& root, std::string_view record, uint64_t record_end,
+                            const NodeImagePtr& mapping) {
+  std::string_view mapped(mapping->data() + (record_end - record.size()), record.size());
+  CANOPY_ASSIGN_OR_RETURN(DeltaView view, DecodeDeltaView(mapped));
+  return ApplyOps(root, view.ops, mapping.get());
+}
+
 // Opens a checkpoint file in place (format 2), fully checked. A format 1
 // file is decoded, rewritten in format 2 under the same name (atomically)
 // and then opened in place; should the rewrite fail, the decoded tree is
@@ -1759,6 +1796,7 @@ class StoreImpl final : public Store {
 
     uint64_t version = 0;
     uint64_t checkpoint_version = 0;  // newest checkpoint read and verified
+    std::optional<Version> checkpoint_read;  // that checkpoint, as opened in place
     NodePtr root = Node::Empty();
     for (uint64_t cv : bases) {
       auto loaded = load(cv);
@@ -1766,6 +1804,7 @@ class StoreImpl final : public Store {
         version = cv;
         root = loaded->root();
         checkpoint_version = cv;
+        if (cv > 0) checkpoint_read = *loaded;
         break;
       }
     }
@@ -1783,6 +1822,7 @@ class StoreImpl final : public Store {
         version = *it;
         root = loaded->root();
         checkpoint_version = *it;
+        checkpoint_read = *loaded;
         history.clear();
         return true;
       }
@@ -1794,40 +1834,50 @@ class StoreImpl final : public Store {
       WalSegment seg;
       seg.path = JoinPath(dir, WalSegmentName(segment_firsts[i]));
       bool any = false;
-      auto scan = ScanSegment(seg.path, UINT64_MAX, [&](const Delta& d, std::string_view record) -> Status {
-        if (d.tree != name || d.new_version != d.base_version + 1 ||
-            (any && d.base_version != seg.last_version)) {
-          return Status::Corruption(seg.path + ": record for tree '" + d.tree + "' " +
-                                    std::to_string(d.base_version) + " -> " + std::to_string(d.new_version) +
-                                    " does not belong here");
-        }
-        if (!any) seg.first_version = d.new_version;
-        any = true;
-        seg.last_version = d.new_version;
-        if (!d.request.empty()) replayed_requests.emplace_back(d.request, d.new_version);
-        if (d.new_version <= version) return Status::Ok();  // already in the base
-        if (d.base_version != version) {
-          const uint64_t reached = version;
-          if (!jump_to_checkpoint(d.base_version) ||
-              (d.new_version > version && d.base_version != version)) {
-            return Status::Corruption("tree '" + name + "': WAL gap: recovered up to version " +
-                                      std::to_string(reached) + ", but the next record in " + seg.path +
-                                      " is based on version " + std::to_string(d.base_version));
-          }
-          if (d.new_version <= version) return Status::Ok();
-        }
-        auto applied = ApplyOps(root, d.ops);
-        if (!applied.ok()) {
-          return Status::Corruption(seg.path + ": delta to version " + std::to_string(d.new_version) +
-                                    " does not apply: " + applied.status().message());
-        }
-        replayed_record_bytes.emplace_back(d.new_version, record.size());
-        history.push_back(RetainedVersion{Version(name, version, std::move(root)), segment_written[i]});
-        root = std::move(*applied);
-        version = d.new_version;
-        PruneHistory(history, version, std::numeric_limits<uint64_t>::max(), policy, steady_now, nullptr);
-        return Status::Ok();
-      });
+      // Large values replayed from this segment stay in the file: the
+      // versions that hold them point into a read-only mapping of it, as a
+      // received WAL run's do (CommitWalRun), instead of into fresh copies.
+      const NodeImagePtr mapping = MapWalSegment(seg.path);
+      uint64_t record_end = 0;  // file offset just past the record being replayed
+      auto scan = ScanSegment(
+          seg.path, UINT64_MAX,
+          [&](const Delta& d, std::string_view record) -> Status {
+            if (d.tree != name || d.new_version != d.base_version + 1 ||
+                (any && d.base_version != seg.last_version)) {
+              return Status::Corruption(seg.path + ": record for tree '" + d.tree + "' " +
+                                        std::to_string(d.base_version) + " -> " +
+                                        std::to_string(d.new_version) + " does not belong here");
+            }
+            if (!any) seg.first_version = d.new_version;
+            any = true;
+            seg.last_version = d.new_version;
+            if (!d.request.empty()) replayed_requests.emplace_back(d.request, d.new_version);
+            if (d.new_version <= version) return Status::Ok();  // already in the base
+            if (d.base_version != version) {
+              const uint64_t reached = version;
+              if (!jump_to_checkpoint(d.base_version) ||
+                  (d.new_version > version && d.base_version != version)) {
+                return Status::Corruption("tree '" + name + "': WAL gap: recovered up to version " +
+                                          std::to_string(reached) + ", but the next record in " + seg.path +
+                                          " is based on version " + std::to_string(d.base_version));
+              }
+              if (d.new_version <= version) return Status::Ok();
+            }
+            auto applied = ReplayInPlace(d, record, record_end, mapping)
+                               ? ApplyMapped(root, record, record_end, mapping)
+                               : ApplyOps(root, d.ops);
+            if (!applied.ok()) {
+              return Status::Corruption(seg.path + ": delta to version " + std::to_string(d.new_version) +
+                                        " does not apply: " + applied.status().message());
+            }
+            replayed_record_bytes.emplace_back(d.new_version, record.size());
+            history.push_back(RetainedVersion{Version(name, version, std::move(root)), segment_written[i]});
+            root = std::move(*applied);
+            version = d.new_version;
+            PruneHistory(history, version, std::numeric_limits<uint64_t>::max(), policy, steady_now, nullptr);
+            return Status::Ok();
+          },
+          /*start_offset=*/0, /*headers_only=*/false, /*skip_through_version=*/0, &record_end);
       if (!scan.ok()) return scan.status();
       CANOPY_ASSIGN_OR_RETURN(uint64_t size, FileSize(seg.path));
       if (scan->torn) {
@@ -1860,6 +1910,13 @@ class StoreImpl final : public Store {
       if (v <= version) t->requests.Record(id, v);
     }
     t->checkpoint_version = newest_at_or_before;
+    // Recovery read and checked that file already: NewestCheckpoint answers
+    // from it, so the first joiner after a restart does not wait for the
+    // file to be read and checked again.
+    if (checkpoint_read && checkpoint_read->number() == newest_at_or_before) {
+      t->newest_checkpoint = std::move(checkpoint_read);
+      t->newest_checkpoint_generation = t->generation;
+    }
     t->commits_since_checkpoint = version - newest_at_or_before;
     for (const auto& [v, bytes] : replayed_record_bytes) {
       if (v > newest_at_or_before && v <= version) t->wal_bytes_since_checkpoint += bytes;

@@ -483,7 +483,9 @@ class Store {
   // This is what a snapshot sender streams, followed by the deltas after it:
   // the WAL after the newest checkpoint is never truncated. NotFound if the
   // tree has no checkpoint file. Kept open until a newer checkpoint or a
-  // snapshot install replaces it.
+  // snapshot install replaces it; after a restart whose recovery started
+  // from that file, it is the Version recovery opened (the file is not read
+  // and checked again).
   virtual Result<Version> NewestCheckpoint(std::string_view tree) = 0;
   // Deletes WAL segments that hold only deltas with new_version <= `version`.
   // Only deltas covered by a durable checkpoint are ever deleted: `version`
