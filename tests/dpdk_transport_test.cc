@@ -132,16 +132,22 @@ class RecordingOutput final : public dpdk::SegmentOutput {
   std::vector<dpdk::SegmentKind> emitted;
 };
 
-// The dialler sends its SYN on the first poll after the ARP reply arrives,
-// not at the next handshake retry (50 ms later): that retry once cost every
-// rcopy over dpdk:// 50 ms before its first byte.
-TEST(DpdkConnState, SynGoesOutOnThePollAfterTheArpReply) {
+// A client's parameters: 10.0.0.1:1000 -> 10.0.0.2:2000, connection id 1.
+dpdk::ConnParams ClientParams() {
   dpdk::ConnParams params;
   params.local_id = 1;
   params.local_ip = 0x0a000001;
   params.remote_ip = 0x0a000002;
   params.local_port = 1000;
   params.remote_port = 2000;
+  return params;
+}
+
+// The dialler sends its SYN on the first poll after the ARP reply arrives,
+// not at the next handshake retry (50 ms later): that retry once cost every
+// rcopy over dpdk:// 50 ms before its first byte.
+TEST(DpdkConnState, SynGoesOutOnThePollAfterTheArpReply) {
+  const dpdk::ConnParams params = ClientParams();
   const uint64_t t0 = 1'000'000'000;
   auto conn = dpdk::ConnState::NewClient(params, t0);
   RecordingOutput out;
@@ -182,12 +188,7 @@ class PiecewisePayload final : public dpdk::PayloadSource {
 
 // An established client connection (its peer's id 7) for driving by hand.
 std::shared_ptr<dpdk::ConnState> EstablishedClient(uint64_t now_ns) {
-  dpdk::ConnParams params;
-  params.local_id = 1;
-  params.local_ip = 0x0a000001;
-  params.remote_ip = 0x0a000002;
-  params.local_port = 1000;
-  params.remote_port = 2000;
+  const dpdk::ConnParams params = ClientParams();
   auto conn = dpdk::ConnState::NewClient(params, now_ns);
   RecordingOutput out;
   out.mac_known = true;
