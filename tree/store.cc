@@ -367,21 +367,29 @@ Result<Version> LoadLegacyCheckpoint(const std::string& path) {
   return v;
 }
 
-// A read-only mapping of a WAL segment, for recovery to replay large values
-// in place; null (values are then copied) if the file is empty or cannot be
-// mapped. A segment is only ever appended to or cut after its last whole
-// record, so the bytes of a replayed record never change under the mapping;
-// an unlinked segment stays readable while a version refers into it (on a
+// A read-only mapping of the first `size` (> 0) bytes of fd (`path`), a file
+// of delta records: the owner that large values applied from those records
+// in place point into (ApplyOps with an owner). Unmapped with its last
+// reference.
+Result<NodeImagePtr> MapDeltaRecords(int fd, size_t size, const std::string& path) {
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap " + path);
+  return NodeImage::FromMapping(static_cast<const char*>(p), size, {}, {});
+}
+
+// A mapping of a WAL segment, for recovery to replay large values in place;
+// null (values are then copied) if the file is empty or cannot be mapped. A
+// segment is only ever appended to or cut after its last whole record, so
+// the bytes of a replayed record never change under the mapping; an
+// unlinked segment stays readable while a version refers into it (on a
 // disk, its blocks stay allocated until then).
 NodeImagePtr MapWalSegment(const std::string& path) {
   auto fd = OpenFile(path, O_RDONLY);
   if (!fd.ok()) return nullptr;
   struct stat st {};
   if (::fstat(fd->get(), &st) != 0 || st.st_size <= 0) return nullptr;
-  const auto size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd->get(), 0);
-  if (p == MAP_FAILED) return nullptr;
-  return NodeImage::FromMapping(static_cast<const char*>(p), size, {}, {});
+  auto mapped = MapDeltaRecords(fd->get(), static_cast<size_t>(st.st_size), path);
+  return mapped.ok() ? std::move(*mapped) : nullptr;
 }
 
 // Whether a replayed delta is applied from the mapping: it puts a value
@@ -896,11 +904,8 @@ class StoreImpl final : public Store {
       return Status::Corruption(
           fmt::format("{}: a run of {} bytes holds {}", TreeLabel(*t), bytes, st.st_size));
     }
-    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap " + staged);
     // Owns the mapping: the versions that keep a large value in place hold it.
-    const NodeImagePtr owner =
-        NodeImage::FromMapping(static_cast<const char*>(p), static_cast<size_t>(bytes), {}, {});
+    CANOPY_ASSIGN_OR_RETURN(const NodeImagePtr owner, MapDeltaRecords(fd, static_cast<size_t>(bytes), staged));
     CANOPY_ASSIGN_OR_RETURN(std::vector<std::string_view> records,
                             SplitDeltaRun(std::string_view(owner->data(), owner->size())));
     if (records.size() != count) {
