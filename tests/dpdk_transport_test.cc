@@ -295,6 +295,44 @@ TEST(DpdkConnState, AWaitingReadWithDrainsItsOwnPollsFramesInPlace) {
   conn->set_poller(nullptr);
 }
 
+// A drainer that is full (the message it reads is complete) declines the
+// next frame of the same poll with 0: the read returns what it took, and
+// the declined bytes follow on the next read, none lost or repeated.
+TEST(DpdkConnState, AFullDrainerDeclinesTheNextFrameOfItsPoll) {
+  const uint64_t t0 = 1'000'000'000;
+  auto conn = EstablishedClient(t0);
+  const PiecewisePayload first(RandomBytes(1200, 31), 1200);
+  const PiecewisePayload second(RandomBytes(800, 32), 800);
+  int polls = 0;
+  conn->set_poller([&] {
+    if (polls++ > 0) return false;
+    conn->OnSegment(DataSegment(0, 1200), first, t0);
+    conn->OnSegment(DataSegment(1200, 800), second, t0);
+    return true;
+  });
+  std::string message;
+  int calls = 0;
+  auto read = conn->ReadWith(
+      8192,
+      [&](const char* src, size_t len) -> Result<size_t> {
+        ++calls;
+        const size_t take = std::min(len, 1200 - message.size());
+        message.append(src, take);
+        return take;
+      },
+      Deadline::After(2s));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_EQ(*read, 1200u);
+  EXPECT_EQ(message, first.bytes());
+  EXPECT_EQ(calls, 2) << "offered the second frame once, then no more";
+  std::string rest(800, '\0');
+  auto got = conn->Read(rest.data(), rest.size(), Deadline::After(2s));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, 800u);
+  EXPECT_EQ(rest, second.bytes());
+  conn->set_poller(nullptr);
+}
+
 // A read that polls the port itself and sees no traffic for kSpinNs hands
 // the port to its I/O thread at once (a wakeup) before it sleeps: while
 // application threads poll, that thread checks back only every 0.1-1 ms.

@@ -147,7 +147,7 @@ void ConnState::DeliverLocked(size_t n, const PayloadSource& payload, uint32_t s
       const PayloadSource::Span span =
           payload.SpanAt(skip + static_cast<uint32_t>(direct), static_cast<uint32_t>(want));
       Result<size_t> drained = (*posted_drain_)(span.data, span.len);
-      if (drained.ok() && *drained == 0)
+      if (drained.ok() && *drained == 0 && posted_drained_ == 0)
         drained = Status::Internal("ReadWith: the drainer consumed no bytes");
       if (!drained.ok()) {
         posted_drain_status_ = drained.status();
@@ -156,7 +156,10 @@ void ConnState::DeliverLocked(size_t n, const PayloadSource& payload, uint32_t s
       const size_t used = std::min<size_t>(*drained, span.len);
       direct += used;
       posted_drained_ += used;
-      if (used < span.len) break;
+      if (used < span.len) {
+        posted_drain_max_ = posted_drained_;  // it declined the rest: full for this ReadWith
+        break;
+      }
     }
     rcv_.Skip(direct);
   } else if (posted_dst_ != nullptr && rcv_.size() == 0) {

@@ -166,7 +166,11 @@ class ConnState {
   // drain(src, len) consumes 1..len bytes at src (e.g. pwrite to a file) and
   // returns how many, or an error (returned as is). One ReadWith may call it
   // several times, with successive bytes of the stream (a consumed prefix is
-  // never handed out again). Bytes already buffered
+  // never handed out again). A drainer that has consumed bytes in this
+  // ReadWith may decline more by consuming fewer than offered, or none (it
+  // is full: say, the message it reads is complete); it is then offered no
+  // more in this ReadWith, and the declined bytes stay buffered for the next
+  // Read. Consuming none on its first call is an error. Bytes already buffered
   // are drained from the receive ring without the connection's mutex; when
   // none are, the drainer is posted and takes the bytes of frames this
   // thread's own polls receive straight from the frame, inside the poll
