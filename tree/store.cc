@@ -579,6 +579,11 @@ class StoreImpl final : public Store {
         continue;
       }
       CANOPY_ASSIGN_OR_RETURN(auto t, RecoverTree(name));
+      // Recovery started from an older checkpoint (the base of the retained
+      // window) and never read the newest one: the background thread reads
+      // and checks it now, so that the first joiner is not kept waiting
+      // while its leader does (NewestCheckpoint).
+      if (t->checkpoint_version > 0 && !t->newest_checkpoint) verify_queue_.push_back(t);
       trees_.emplace(name, std::move(t));
     }
     bg_thread_ = std::thread([this] { BackgroundLoop(); });
@@ -1939,6 +1944,26 @@ class StoreImpl final : public Store {
     const auto idle = options_.fsync == FsyncPolicy::kBatch
                           ? std::max(options_.batch_interval, std::chrono::milliseconds(1))
                           : std::chrono::milliseconds(1000);
+    // First, the newest checkpoints recovery did not read (Init), one at a
+    // time, stopping early when the store closes. NewestCheckpoint caches
+    // what it checked; a caller that wants one meanwhile waits on the same
+    // maintenance_mu and finds it cached, or checks it itself first.
+    std::deque<std::shared_ptr<TreeState>> verify;
+    {
+      std::lock_guard lk(bg_mu_);
+      verify.swap(verify_queue_);
+    }
+    for (const auto& t : verify) {
+      {
+        std::lock_guard lk(bg_mu_);
+        if (stop_) return;
+      }
+      auto v = NewestCheckpoint(t->name);
+      if (!v.ok() && !v.status().IsNotFound()) {  // NotFound: the tree, or its file, is gone since
+        CANOPY_LOG(kWarn, "{}: newest checkpoint: {}", TreeLabel(*t), v.status().ToString());
+      }
+    }
+    verify.clear();
     for (;;) {
       std::deque<std::shared_ptr<TreeState>> queue;
       {
@@ -1998,6 +2023,7 @@ class StoreImpl final : public Store {
   bool stop_ = false;
   bool batch_kick_ = false;
   std::deque<std::shared_ptr<TreeState>> checkpoint_queue_;
+  std::deque<std::shared_ptr<TreeState>> verify_queue_;  // filled by Init, emptied by BackgroundLoop
   std::thread bg_thread_;
 };
 

@@ -485,7 +485,9 @@ class Store {
   // tree has no checkpoint file. Kept open until a newer checkpoint or a
   // snapshot install replaces it; after a restart whose recovery started
   // from that file, it is the Version recovery opened (the file is not read
-  // and checked again).
+  // and checked again); after one that started from an older file, the
+  // background thread reads and checks it right after Open (a caller that
+  // comes first does so itself, and the thread then finds it kept).
   virtual Result<Version> NewestCheckpoint(std::string_view tree) = 0;
   // Deletes WAL segments that hold only deltas with new_version <= `version`.
   // Only deltas covered by a durable checkpoint are ever deleted: `version`
