@@ -110,7 +110,7 @@ TEST(FrameTest, ChecksEveryHeaderFieldEvenWithAValidCrc) {
   h[2] = 2;  // version
   EXPECT_EQ(DecodeFrameHeader(reencode(h), 100).status().code(), StatusCode::kCorruption);
   h = good;
-  h[3] = 0x02;  // unknown flag
+  h[3] = 0x04;  // unknown flag
   EXPECT_EQ(DecodeFrameHeader(reencode(h), 100).status().code(), StatusCode::kCorruption);
   h = good;
   h[3] = kFrameFlagBulk;  // bulk flag without bulk length
@@ -129,6 +129,48 @@ TEST(FrameTest, ChecksEveryHeaderFieldEvenWithAValidCrc) {
   auto over = DecodeFrameHeader(good, 2);
   EXPECT_EQ(over.status().code(), StatusCode::kCorruption);
   EXPECT_NE(over.status().message().find("exceeds"), std::string::npos);
+}
+
+// A payload without a CRC (kFrameFlagPayloadUnchecked): refused unless the
+// receiver accepts such frames; then only its length is checked. The flag
+// and a non-zero CRC together are refused, as is a bad header either way.
+TEST(FrameTest, AnUncheckedPayloadIsAcceptedOnlyWhereAllowed) {
+  const std::string payload = "replicated bytes";
+  char out[kFrameHeaderSize];
+  EncodeFrameHeader(out, 7, payload, 0, PayloadCheck::kNone);
+  const std::string header(out, kFrameHeaderSize);
+  EXPECT_EQ(static_cast<uint8_t>(header[3]), kFrameFlagPayloadUnchecked);
+  EXPECT_EQ(DecodeFixed32(header.data() + 12), 0u) << "no CRC computed";
+
+  auto refused = DecodeFrameHeader(header, 100);
+  ASSERT_EQ(refused.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(refused.status().message().find("without a CRC"), std::string::npos)
+      << refused.status().ToString();
+
+  auto decoded = DecodeFrameHeader(header, 100, PayloadCheck::kNone);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->type, 7);
+  EXPECT_EQ(decoded->payload_check, PayloadCheck::kNone);
+  EXPECT_TRUE(VerifyFramePayload(*decoded, payload).ok());
+  EXPECT_TRUE(VerifyFramePayload(*decoded, "Replicated bytes").ok()) << "the transport vouches for the bytes";
+  EXPECT_EQ(VerifyFramePayload(*decoded, payload + "x").code(), StatusCode::kCorruption)
+      << "length still checked";
+
+  // A checked frame decodes the same either way, and its CRC is still checked.
+  auto checked = DecodeFrameHeader(Header(7, payload, 0), 100, PayloadCheck::kNone);
+  ASSERT_TRUE(checked.ok());
+  EXPECT_EQ(checked->payload_check, PayloadCheck::kCrc32c);
+  EXPECT_EQ(VerifyFramePayload(*checked, "Replicated bytes").code(), StatusCode::kCorruption);
+
+  // The flag with a CRC in the field: not what any encoder writes.
+  std::string both = header;
+  EncodeFixed32(both.data() + 12, crc32c::Value(payload));
+  EncodeFixed32(both.data() + 28, crc32c::Value(both.data(), 28));
+  EXPECT_EQ(DecodeFrameHeader(both, 100, PayloadCheck::kNone).status().code(), StatusCode::kCorruption);
+  // The header's own CRC still guards the unchecked frame.
+  std::string flipped = header;
+  flipped[9] ^= 1;
+  EXPECT_EQ(DecodeFrameHeader(flipped, 100, PayloadCheck::kNone).status().code(), StatusCode::kCorruption);
 }
 
 }  // namespace

@@ -82,6 +82,14 @@ TEST(RdmaWire, HelloRoundTripsAndIsValidated) {
   EncodeHello(body, hello);
   auto decoded = DecodeHello(std::string_view(body, sizeof body));
   ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->features, 0u) << "what a peer that predates the field sends there";
+  hello.features = kHelloAcceptsUncheckedPayloads;
+  EncodeHello(body, hello);
+  auto with_features = DecodeHello(std::string_view(body, sizeof body));
+  ASSERT_TRUE(with_features.ok()) << with_features.status().ToString();
+  EXPECT_EQ(with_features->features, kHelloAcceptsUncheckedPayloads);
+  hello.features = 0;
+  EncodeHello(body, hello);
   EXPECT_EQ(decoded->data_depth, 64u);
   EXPECT_EQ(decoded->ctrl_depth, 8u);
   EXPECT_EQ(decoded->recv_buffer_bytes, 65536u);

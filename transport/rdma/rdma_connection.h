@@ -189,6 +189,12 @@ class RdmaConnection final : public Connection {
   using BodyFill = std::function<Result<size_t>(char* dst, size_t capacity)>;
   Status SendDataItem(ItemKind kind, const BodyFill& fill);
   Status SendStream(StreamPacker& packer);                         // REQUIRES: send_mu_
+  // How this side's frames carry their payload: unchecked once the peer's
+  // hello said it accepts that (see accepts_unchecked_), else with a CRC.
+  PayloadCheck FramePayloadCheck() const {
+    return peer_accepts_unchecked_.load(std::memory_order_acquire) ? PayloadCheck::kNone
+                                                                   : PayloadCheck::kCrc32c;
+  }
   Status SendFileEager(int fd, uint64_t offset, uint64_t length);  // REQUIRES: send_mu_
   Status SendRendezvous(const BulkSource& bulk);                   // REQUIRES: send_mu_
   Status SendControl(ItemKind kind, std::string_view body, Deadline deadline);
@@ -256,6 +262,12 @@ class RdmaConnection final : public Connection {
   uint32_t credit_writes_outstanding_ = 0;
   uint32_t next_credit_source_ = 0;
   uint32_t peer_slot_bytes_ = 0;
+  // Whether this side accepts frames with an unchecked payload (its device is
+  // InfiniBand or RoCE: every packet's CRC is checked by the adapter; not
+  // iWARP, whose MPA CRC is optional), and whether the peer's hello said it
+  // does (then this side's frames carry no payload CRC: frame.h).
+  bool accepts_unchecked_ = false;
+  std::atomic<bool> peer_accepts_unchecked_{false};
   uint64_t peer_credit_addr_ = 0;
   uint32_t peer_credit_rkey_ = 0;
   InboundStream inbound_;

@@ -278,6 +278,7 @@ void RdmaConnection::HandleReceive(uint32_t slot, uint32_t bytes) {
       data_credits_.SetDepth(hello->data_depth);
       ctrl_credits_.SetDepth(hello->ctrl_depth);
       peer_slot_bytes_ = hello->recv_buffer_bytes;
+      peer_accepts_unchecked_ = (hello->features & kHelloAcceptsUncheckedPayloads) != 0;
       peer_credit_addr_ = hello->credit_addr;
       peer_credit_rkey_ = hello->credit_rkey;
       if (Status s = state_.Apply(ConnEvent::kHelloReceived); !s.ok()) return FailLocked(s);
@@ -515,7 +516,7 @@ Status RdmaConnection::Send(uint16_t type, std::string_view payload) {
   }
   std::lock_guard<std::mutex> send_lock(send_mu_);
   char header[kFrameHeaderSize];
-  EncodeFrameHeader(header, type, payload, 0);
+  EncodeFrameHeader(header, type, payload, 0, FramePayloadCheck());
   StreamPacker packer;
   packer.Append(std::string_view(header, sizeof header));
   packer.Append(payload);
@@ -665,7 +666,7 @@ Status RdmaConnection::SendWithBulk(uint16_t type, std::string_view payload, con
 
   std::lock_guard<std::mutex> send_lock(send_mu_);
   char header[kFrameHeaderSize];
-  EncodeFrameHeader(header, type, payload, size);
+  EncodeFrameHeader(header, type, payload, size, FramePayloadCheck());
   StreamPacker packer;
   packer.Append(std::string_view(header, sizeof header));
   packer.Append(payload);

@@ -274,6 +274,8 @@ Status RdmaConnection::CreateResources(bool active) {
   if (int rc = ibv_query_device(id->verbs, &attr); rc != 0) return ErrnoStatus(rc, "rdma: ibv_query_device");
 
   eager_bulk_ = EagerBulkFor(options_.eager_bulk, attr.vendor_id);
+  accepts_unchecked_ = id->verbs->device->transport_type == IBV_TRANSPORT_IB;
+  assembler_.set_required_check(accepts_unchecked_ ? PayloadCheck::kNone : PayloadCheck::kCrc32c);
   CANOPY_LOG(kDebug, "rdma: device {} (vendor 0x{:x}): bulk transfers above {} bytes are RDMA READ",
              ibv_get_device_name(id->verbs->device), attr.vendor_id, eager_bulk_);
 
@@ -407,6 +409,7 @@ Status RdmaConnection::Start(Deadline deadline) {
   hello.data_depth = data_depth_;
   hello.ctrl_depth = ctrl_depth_;
   hello.recv_buffer_bytes = options_.slot_bytes;
+  hello.features = accepts_unchecked_ ? kHelloAcceptsUncheckedPayloads : 0;
   hello.credit_rkey = credit_mr_->rkey;
   hello.credit_addr = reinterpret_cast<uintptr_t>(credit_block_);
   EncodeHello(body, hello);

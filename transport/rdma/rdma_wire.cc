@@ -83,7 +83,7 @@ Result<ItemHeader> DecodeItemHeader(std::string_view received) {
 void EncodeHello(char out[kHelloBodySize], const Hello& hello) {
   EncodeFixed32(out, kHelloMagic);
   EncodeFixed16(out + 4, hello.version);
-  EncodeFixed16(out + 6, 0);
+  EncodeFixed16(out + 6, hello.features);
   EncodeFixed32(out + 8, hello.data_depth);
   EncodeFixed32(out + 12, hello.ctrl_depth);
   EncodeFixed32(out + 16, hello.recv_buffer_bytes);
@@ -102,6 +102,7 @@ Result<Hello> DecodeHello(std::string_view body) {
     return Status::Corruption(
         fmt::format("rdma: peer speaks wire version {}, this build speaks {}", hello.version, kWireVersion));
   }
+  hello.features = DecodeFixed16(p + 6);
   hello.data_depth = DecodeFixed32(p + 8);
   hello.ctrl_depth = DecodeFixed32(p + 12);
   hello.recv_buffer_bytes = DecodeFixed32(p + 16);

@@ -12,9 +12,13 @@
 //   12   4   body_len        bytes of body that follow the header
 //
 // Bodies:
-//   kHello        magic u32 "CYRD", version u16, reserved u16, data_depth u32,
+//   kHello        magic u32 "CYRD", version u16, features u16, data_depth u32,
 //                 ctrl_depth u32, recv_buffer_bytes u32, credit_rkey u32,
 //                 credit_addr u64                                (32 bytes)
+//                 features: bit 0 (kHelloAcceptsUncheckedPayloads) the sender
+//                 of the hello accepts frames whose payload carries no CRC
+//                 (frame.h, kFrameFlagPayloadUnchecked). A peer that predates
+//                 it sends 0 there and ignores what it receives.
 //   kData         bytes of the framed message stream (frame headers, payloads
 //                 and eagerly sent bulk bytes), in order
 //   kBulkSegment  remote_addr u64, rkey u32, reserved u32, length u64,
@@ -44,6 +48,7 @@ namespace canopy::transport::rdma {
 inline constexpr size_t kItemHeaderSize = 16;
 inline constexpr uint32_t kHelloMagic = 0x44525943;  // "CYRD" little-endian
 inline constexpr uint16_t kWireVersion = 1;
+inline constexpr uint16_t kHelloAcceptsUncheckedPayloads = 0x1;
 inline constexpr size_t kHelloBodySize = 32;
 inline constexpr size_t kBulkSegmentBodySize = 32;
 inline constexpr size_t kBulkDoneBodySize = 8;
@@ -72,6 +77,7 @@ struct ItemHeader {
 
 struct Hello {
   uint16_t version = kWireVersion;
+  uint16_t features = 0;           // kHello* bits
   uint32_t data_depth = 0;         // data receive slots (credits) offered
   uint32_t ctrl_depth = 0;         // control receive slots offered
   uint32_t recv_buffer_bytes = 0;  // size of one receive slot (header + body)

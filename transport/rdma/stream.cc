@@ -91,7 +91,7 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
     }
     header_have_ += stream.ReadData(header_ + header_have_, kFrameHeaderSize - header_have_, released);
     if (header_have_ == kFrameHeaderSize) {
-      auto decoded = DecodeFrameHeader(std::string_view(header_, kFrameHeaderSize), max_payload_);
+      auto decoded = DecodeFrameHeader(std::string_view(header_, kFrameHeaderSize), max_payload_, required_);
       if (!decoded.ok()) return decoded.status();
       frame_ = *decoded;
       payload_.clear();  // grows with the bytes that arrive (see below)

@@ -97,6 +97,9 @@ class InboundStream {
 class FrameAssembler {
  public:
   explicit FrameAssembler(uint32_t max_payload) : max_payload_(max_payload) {}
+  // The check each frame's payload must carry (frame.h: kCrc32c by default;
+  // kNone where the connection told its peer it accepts unchecked payloads).
+  void set_required_check(PayloadCheck required) { required_ = required; }
 
   // Pulls what is available. Returns a complete Message (bulk_bytes set from
   // its header), nullopt when more items are needed, Closed when the stream
@@ -115,6 +118,7 @@ class FrameAssembler {
 
  private:
   uint32_t max_payload_;
+  PayloadCheck required_ = PayloadCheck::kCrc32c;
   char header_[kFrameHeaderSize] = {};
   size_t header_have_ = 0;
   FrameHeader frame_;
