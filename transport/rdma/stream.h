@@ -111,9 +111,8 @@ class FrameAssembler {
 
   // True between frames.
   bool at_boundary() const { return header_have_ == 0; }
-  // Bytes held for the payload of the frame in progress. It grows with the
-  // bytes that have arrived (at least doubling from 64 KiB, and at once to
-  // cover every byte already queued), never to the announced length alone.
+  // Bytes held for the payload of the frame in progress: the bytes that have
+  // arrived (appended from the slots), never the announced length alone.
   size_t reserved_payload_bytes() const { return payload_.size(); }
 
  private:
