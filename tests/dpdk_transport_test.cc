@@ -118,6 +118,7 @@ class RecordingOutput final : public dpdk::SegmentOutput {
   bool Emit(const dpdk::ConnState&, const dpdk::MacAddress&, const dpdk::SegmentHeader& h,
             const dpdk::ByteRing*, uint64_t) override {
     emitted.push_back(h.kind);
+    headers.push_back(h);
     return true;
   }
   bool Neighbour(uint32_t, dpdk::MacAddress* mac) override {
@@ -130,6 +131,7 @@ class RecordingOutput final : public dpdk::SegmentOutput {
   bool mac_known = false;
   int arp_requests = 0;
   std::vector<dpdk::SegmentKind> emitted;
+  std::vector<dpdk::SegmentHeader> headers;
 };
 
 // A client's parameters: 10.0.0.1:1000 -> 10.0.0.2:2000, connection id 1.
@@ -212,6 +214,51 @@ dpdk::SegmentHeader DataSegment(uint64_t seq, uint32_t len) {
   h.window = 1u << 20;
   h.payload_len = len;
   return h;
+}
+
+// The handshake features ride in the ack field of SYN and SYN-ACK (where no
+// peer reads an ack): a side whose link cannot damage frames says it accepts
+// frames with an unchecked payload, and each side learns what its peer said;
+// a peer that sends 0 there (one that predates the field) is taken as not
+// accepting them.
+TEST(DpdkConnState, HandshakeCarriesTheUncheckedPayloadFeature) {
+  const uint64_t t0 = 1'000'000'000;
+  for (bool ours : {false, true}) {
+    for (bool theirs : {false, true}) {
+      dpdk::ConnParams params = ClientParams();
+      params.accepts_unchecked_payloads = ours;
+      auto client = dpdk::ConnState::NewClient(params, t0);
+      RecordingOutput out;
+      out.mac_known = true;
+      client->Poll(out, t0, 32);
+      ASSERT_FALSE(out.headers.empty());
+      EXPECT_EQ(out.headers[0].kind, dpdk::SegmentKind::kSyn);
+      EXPECT_EQ(out.headers[0].ack, ours ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
+      EXPECT_FALSE(client->peer_accepts_unchecked_payloads()) << "nothing heard yet";
+      dpdk::SegmentHeader syn_ack;
+      syn_ack.kind = dpdk::SegmentKind::kSynAck;
+      syn_ack.src_conn = 7;
+      syn_ack.dst_conn = 1;
+      syn_ack.seq = params.mss;
+      syn_ack.ack = theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0;
+      syn_ack.window = 1u << 20;
+      client->OnSegment(syn_ack, PiecewisePayload("", 1), t0);
+      EXPECT_EQ(client->peer_accepts_unchecked_payloads(), theirs);
+
+      // The listening side, from that SYN.
+      dpdk::ConnParams server_params = ClientParams();
+      server_params.local_id = 7;
+      server_params.accepts_unchecked_payloads = theirs;
+      auto server = dpdk::ConnState::NewServer(server_params, out.headers[0], dpdk::MacAddress{}, t0);
+      EXPECT_EQ(server->peer_accepts_unchecked_payloads(), ours);
+      RecordingOutput server_out;
+      server_out.mac_known = true;
+      server->Poll(server_out, t0, 32);
+      ASSERT_FALSE(server_out.headers.empty());
+      EXPECT_EQ(server_out.headers[0].kind, dpdk::SegmentKind::kSynAck);
+      EXPECT_EQ(server_out.headers[0].ack, theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
+    }
+  }
 }
 
 // One copy on receive: a ReadWith that waits posts its drainer, and a frame

@@ -86,9 +86,15 @@ std::shared_ptr<ConnState> ConnState::NewServer(const ConnParams& params, const 
     c->remote_mac_known_ = true;
   }
   c->peer_mss_ = syn.seq > 0 ? static_cast<uint32_t>(std::min<uint64_t>(syn.seq, params.mss)) : params.mss;
+  c->peer_accepts_unchecked_ = (syn.ack & kHandshakeAcceptsUncheckedPayloads) != 0;
   c->peer_edge_ = syn.window;
   c->ts_recent_ = syn.tsval;
   return c;
+}
+
+bool ConnState::peer_accepts_unchecked_payloads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peer_accepts_unchecked_;
 }
 
 uint32_t ConnState::remote_id() const {
@@ -256,7 +262,8 @@ bool ConnState::EmitLocked(SegmentOutput& out, SegmentHeader& h, const ByteRing*
   if (h.kind == SegmentKind::kData || h.kind == SegmentKind::kSynAck) {
     ack_pending_ = false;
     ack_now_ = false;
-    advertised_edge_ = h.ack + h.window;
+    // A SYN-ACK's ack field holds features; its window starts at offset 0.
+    advertised_edge_ = (h.kind == SegmentKind::kSynAck ? 0 : h.ack) + h.window;
   }
   return true;
 }
@@ -312,6 +319,7 @@ void ConnState::OnSegment(const SegmentHeader& h, const PayloadSource& payload, 
     if (phase_ == Phase::kSynSent) {
       remote_id_ = h.src_conn;
       peer_mss_ = h.seq > 0 ? static_cast<uint32_t>(std::min<uint64_t>(h.seq, params_.mss)) : params_.mss;
+      peer_accepts_unchecked_ = (h.ack & kHandshakeAcceptsUncheckedPayloads) != 0;
       peer_edge_ = h.window;
       phase_ = Phase::kEstablished;
       cv_.notify_all();
@@ -567,7 +575,8 @@ void ConnState::Poll(SegmentOutput& out, uint64_t now, int budget) {
     h.kind = phase_ == Phase::kSynSent ? SegmentKind::kSyn : SegmentKind::kSynAck;
     h.seq = params_.mss;  // SYN / SYN-ACK carry the MSS in seq
     h.payload_len = 0;
-    h.ack = 0;
+    // ... and the handshake features in ack (dpdk_wire.h).
+    h.ack = params_.accepts_unchecked_payloads ? kHandshakeAcceptsUncheckedPayloads : 0;
     EmitLocked(out, h, nullptr, 0, now);
     return;
   }

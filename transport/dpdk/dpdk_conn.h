@@ -118,6 +118,9 @@ struct ConnParams {
   std::chrono::nanoseconds io_timeout{std::chrono::seconds(30)};
   FaultConfig faults;
   std::optional<MacAddress> static_mac;  // else ARP (dialler) / learned from the SYN (listener)
+  // This end accepts frames with an unchecked payload (set by the port when
+  // its link cannot damage a frame); said in the SYN / SYN-ACK.
+  bool accepts_unchecked_payloads = false;
 };
 
 class ConnState {
@@ -129,6 +132,9 @@ class ConnState {
                                               const MacAddress& peer_mac, uint64_t now_ns);
 
   const ConnParams& params() const { return params_; }
+  // Whether the peer's SYN / SYN-ACK said it accepts frames with an
+  // unchecked payload (false until then, and for a peer that predates it).
+  bool peer_accepts_unchecked_payloads() const;
   uint32_t remote_id() const;
   MacAddress remote_mac() const;
 
@@ -286,6 +292,7 @@ class ConnState {
   MacAddress remote_mac_;
   bool remote_mac_known_ = false;
   uint32_t peer_mss_ = 0;
+  bool peer_accepts_unchecked_ = false;  // from the peer's SYN / SYN-ACK
   uint64_t created_ns_ = 0;
   uint64_t handshake_next_ns_ = 0;
   uint64_t handshake_interval_ns_ = 0;

@@ -120,7 +120,9 @@ uint32_t KernelInterfaceMtu(const std::string& iface) {
 //  - kSoftware otherwise (e.g. net_af_packet, whose interface may be a real
 //    wire): computed and verified by the CPU.
 // In every mode the segment header carries its own end-to-end check
-// (dpdk_wire.h, header_check).
+// (dpdk_wire.h, header_check). In kLinkGuaranteed the connections also say
+// in their handshake that they accept frames whose payload has no CRC32C
+// (ConnParams::accepts_unchecked_payloads; transport/frame.h).
 
 // In the private area of an mbuf attached to a connection's send ring: the
 // shared-info block DPDK calls back through when the driver frees the mbuf,
@@ -531,6 +533,7 @@ Result<std::shared_ptr<ConnState>> DpdkPort::AddClient(ConnParams params) {
     params.local_id = NewConnIdLocked();
     CANOPY_ASSIGN_OR_RETURN(params.local_port, FreeUdpPortLocked());
     params.mss = mss_;
+    params.accepts_unchecked_payloads = checksum_ == ChecksumMode::kLinkGuaranteed;
     conn = ConnState::NewClient(params, NowNanos());
     conn->set_wakeup([this] { Wake(); });
     conn->set_poller([this] { return PollFromApp(); });
@@ -749,6 +752,7 @@ void DpdkPort::HandleSyn(const SegmentHeader& h, uint32_t src_ip, uint16_t src_p
         params.remote_ip = src_ip;
         params.remote_port = src_port;
         params.mss = mss_;
+        params.accepts_unchecked_payloads = checksum_ == ChecksumMode::kLinkGuaranteed;
         auto fresh = ConnState::NewServer(params, h, src_mac, now);
         fresh->set_wakeup([this] { Wake(); });
         fresh->set_poller([this] { return PollFromApp(); });

@@ -57,7 +57,13 @@ class DpdkConnection final : public Connection {
       : port_(std::move(port)),
         conn_(std::move(conn)),
         max_message_(options.max_message_bytes),
-        io_timeout_(options.io_timeout) {}
+        io_timeout_(options.io_timeout),
+        // Frame payloads go without CRC32C where both ends' links cannot
+        // damage a frame (memif: dpdk_wire.h, kHandshakeAcceptsUncheckedPayloads),
+        // as the segments' UDP checksum is left out there (dpdk_port.cc).
+        send_check_(conn_->peer_accepts_unchecked_payloads() ? PayloadCheck::kNone : PayloadCheck::kCrc32c),
+        required_check_(conn_->params().accepts_unchecked_payloads ? PayloadCheck::kNone
+                                                                   : PayloadCheck::kCrc32c) {}
   // A user-space stack dies with its process: after Shutdown, linger (up to
   // min(io_timeout, 2 s)) until the peer has everything, as the kernel would
   // for TCP, so that "Shutdown, then exit" delivers the data.
@@ -106,7 +112,7 @@ class DpdkConnection final : public Connection {
         std::memcpy(header + header_len, src, used);
         header_len += used;
         if (header_len < kFrameHeaderSize) return used;
-        auto d = DecodeFrameHeader(std::string_view(header, kFrameHeaderSize), max_message_);
+        auto d = DecodeFrameHeader(std::string_view(header, kFrameHeaderSize), max_message_, required_check_);
         if (!d.ok()) return d.status();
         decoded = *d;
         msg.payload.reserve(std::min<size_t>(decoded->payload_len, kPayloadReserveMax));
@@ -224,7 +230,7 @@ class DpdkConnection final : public Connection {
     }
     uint64_t bulk_len = bulk != nullptr ? bulk->size() : 0;
     char header[kFrameHeaderSize];
-    EncodeFrameHeader(header, type, payload, bulk_len);
+    EncodeFrameHeader(header, type, payload, bulk_len, send_check_);
     std::lock_guard<std::mutex> lock(send_mu_);
     // One flush per message: the header (and the payload, when bulk follows)
     // leave with what comes after them.
@@ -287,6 +293,8 @@ class DpdkConnection final : public Connection {
   std::shared_ptr<ConnState> conn_;
   const uint32_t max_message_;
   const std::chrono::milliseconds io_timeout_;
+  const PayloadCheck send_check_;      // how this side's frames carry their payload
+  const PayloadCheck required_check_;  // what this side accepts
   std::atomic<bool> shut_down_{false};
   std::atomic<bool> closed_{false};
   std::mutex send_mu_;

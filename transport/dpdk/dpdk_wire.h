@@ -18,7 +18,10 @@
 //    8   4   src_conn     sender's connection id
 //   12   4   dst_conn     receiver's connection id (0 in a SYN)
 //   16   8   seq          stream offset of the first payload byte
-//   24   8   ack          next stream offset the sender expects (cumulative ack)
+//   24   8   ack          next stream offset the sender expects (cumulative ack);
+//                         in a SYN / SYN-ACK: the sender's handshake features
+//                         (kHandshake* bits; a peer that predates them sends 0
+//                         there and ignores the field in a SYN / SYN-ACK)
 //   32   4   window       bytes beyond `ack` the sender can buffer
 //   36   4   payload_len  stream bytes in this segment (SYN/SYN-ACK: 4, the MSS)
 //   40   8   tsval        sender's clock (ns) when the segment was sent
@@ -57,6 +60,11 @@ inline constexpr size_t kDataSackBlocks = 4;
 inline constexpr size_t kOuterHeaderSize = 42;
 
 enum class SegmentKind : uint8_t { kSyn = 1, kSynAck = 2, kData = 3, kRst = 4 };
+// Handshake feature: the sender accepts frames whose payload carries no
+// CRC32C (transport/frame.h, kFrameFlagPayloadUnchecked), because its port's
+// link cannot damage a frame (memif shared memory; ChecksumMode in
+// dpdk_port.cc).
+inline constexpr uint64_t kHandshakeAcceptsUncheckedPayloads = 0x1;
 inline constexpr uint8_t kSegFlagFin = 0x01;
 inline constexpr uint8_t kSegFlagAckNow = 0x02;
 
