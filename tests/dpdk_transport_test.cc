@@ -189,19 +189,26 @@ class PiecewisePayload final : public dpdk::PayloadSource {
 };
 
 // An established client connection (its peer's id 7) for driving by hand.
+// The listener's (connection 7) answer to ClientParams()'s SYN, with the
+// handshake `features` (dpdk_wire.h, kHandshake*).
+dpdk::SegmentHeader SynAckTo(const dpdk::ConnParams& client, uint64_t features = 0) {
+  dpdk::SegmentHeader syn_ack;
+  syn_ack.kind = dpdk::SegmentKind::kSynAck;
+  syn_ack.src_conn = 7;
+  syn_ack.dst_conn = client.local_id;
+  syn_ack.seq = client.mss;
+  syn_ack.ack = features;
+  syn_ack.window = 1u << 20;
+  return syn_ack;
+}
+
 std::shared_ptr<dpdk::ConnState> EstablishedClient(uint64_t now_ns) {
   const dpdk::ConnParams params = ClientParams();
   auto conn = dpdk::ConnState::NewClient(params, now_ns);
   RecordingOutput out;
   out.mac_known = true;
   conn->Poll(out, now_ns, 32);
-  dpdk::SegmentHeader syn_ack;
-  syn_ack.kind = dpdk::SegmentKind::kSynAck;
-  syn_ack.src_conn = 7;
-  syn_ack.dst_conn = 1;
-  syn_ack.seq = params.mss;
-  syn_ack.window = 1u << 20;
-  conn->OnSegment(syn_ack, PiecewisePayload("", 1), now_ns);
+  conn->OnSegment(SynAckTo(params), PiecewisePayload("", 1), now_ns);
   return conn;
 }
 
@@ -235,14 +242,8 @@ TEST(DpdkConnState, HandshakeCarriesTheUncheckedPayloadFeature) {
       EXPECT_EQ(out.headers[0].kind, dpdk::SegmentKind::kSyn);
       EXPECT_EQ(out.headers[0].ack, ours ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
       EXPECT_FALSE(client->peer_accepts_unchecked_payloads()) << "nothing heard yet";
-      dpdk::SegmentHeader syn_ack;
-      syn_ack.kind = dpdk::SegmentKind::kSynAck;
-      syn_ack.src_conn = 7;
-      syn_ack.dst_conn = 1;
-      syn_ack.seq = params.mss;
-      syn_ack.ack = theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0;
-      syn_ack.window = 1u << 20;
-      client->OnSegment(syn_ack, PiecewisePayload("", 1), t0);
+      client->OnSegment(SynAckTo(params, theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0),
+                        PiecewisePayload("", 1), t0);
       EXPECT_EQ(client->peer_accepts_unchecked_payloads(), theirs);
 
       // The listening side, from that SYN.

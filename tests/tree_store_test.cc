@@ -1100,6 +1100,19 @@ TEST(TreeStore, DamagedNewestCheckpointFallsBackToTheOlderOne) {
 // leader sends a joiner) answers from that reading, not from a second pass
 // over the file. Damage done to the file after recovery is seen by the
 // receiver's block checks, not here; damage before it still falls back.
+// Renames a copy of the file at `path`, one byte flipped at offset 20000,
+// over it: a new inode (the store may have the old one mapped), which a
+// second reading would refuse.
+void RenameDamagedCopyOver(const std::string& path) {
+  const std::string damaged = path + ".damaged";
+  std::filesystem::copy_file(path, damaged);
+  auto fd = OpenFile(damaged, O_WRONLY);
+  ASSERT_TRUE(fd.ok());
+  char c = 'X';
+  ASSERT_EQ(::pwrite(fd->get(), &c, 1, 20000), 1);
+  ASSERT_EQ(::rename(damaged.c_str(), path.c_str()), 0);
+}
+
 TEST(TreeStore, NewestCheckpointAfterRecoveryIsTheOneRecoveryChecked) {
   TempDir tmp;
   StoreOptions o = Opts();
@@ -1117,17 +1130,8 @@ TEST(TreeStore, NewestCheckpointAfterRecoveryIsTheOneRecoveryChecked) {
   ASSERT_EQ(cps.size(), 1u);
   auto store = OpenOrDie(tmp.path(), o);
   EXPECT_EQ(store->Latest("t")->number(), 13u);
-  // A damaged copy renamed over the file: a new inode (the store may have
-  // the old one mapped), which a second reading would refuse.
-  {
-    const std::string damaged = cps.back() + ".damaged";
-    std::filesystem::copy_file(cps.back(), damaged);
-    auto fd = OpenFile(damaged, O_WRONLY);
-    ASSERT_TRUE(fd.ok());
-    char c = 'X';
-    ASSERT_EQ(::pwrite(fd->get(), &c, 1, 20000), 1);
-    ASSERT_EQ(::rename(damaged.c_str(), cps.back().c_str()), 0);
-  }
+  // A damaged copy renamed over the file.
+  RenameDamagedCopyOver(cps.back());
   auto newest = store->NewestCheckpoint("t");
   ASSERT_TRUE(newest.ok()) << newest.status().ToString();
   EXPECT_EQ(newest->number(), 10u);
@@ -1198,15 +1202,7 @@ TEST(TreeStore, NewestCheckpointIsCheckedInTheBackgroundAfterRecovery) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_TRUE(FileIsMapped(newest_path)) << newest_path << " not read within 10 s of Open";
   // A damaged copy renamed over it now is not read: the answer is the file checked.
-  {
-    const std::string damaged = cps.back() + ".damaged";
-    std::filesystem::copy_file(cps.back(), damaged);
-    auto fd = OpenFile(damaged, O_WRONLY);
-    ASSERT_TRUE(fd.ok());
-    char c = 'X';
-    ASSERT_EQ(::pwrite(fd->get(), &c, 1, 20000), 1);
-    ASSERT_EQ(::rename(damaged.c_str(), cps.back().c_str()), 0);
-  }
+  RenameDamagedCopyOver(cps.back());
   auto newest = store->NewestCheckpoint("t");
   ASSERT_TRUE(newest.ok()) << newest.status().ToString();
   EXPECT_EQ(newest->number(), 10u);
