@@ -202,6 +202,15 @@ dpdk::SegmentHeader SynAckTo(const dpdk::ConnParams& client, uint64_t features =
   return syn_ack;
 }
 
+// The first segment `conn` emits when polled at `now_ns` (its MAC known).
+dpdk::SegmentHeader FirstSegmentOf(dpdk::ConnState& conn, uint64_t now_ns) {
+  RecordingOutput out;
+  out.mac_known = true;
+  conn.Poll(out, now_ns, 32);
+  EXPECT_FALSE(out.headers.empty()) << "nothing emitted";
+  return out.headers.empty() ? dpdk::SegmentHeader{} : out.headers[0];
+}
+
 std::shared_ptr<dpdk::ConnState> EstablishedClient(uint64_t now_ns) {
   const dpdk::ConnParams params = ClientParams();
   auto conn = dpdk::ConnState::NewClient(params, now_ns);
@@ -235,12 +244,9 @@ TEST(DpdkConnState, HandshakeCarriesTheUncheckedPayloadFeature) {
       dpdk::ConnParams params = ClientParams();
       params.accepts_unchecked_payloads = ours;
       auto client = dpdk::ConnState::NewClient(params, t0);
-      RecordingOutput out;
-      out.mac_known = true;
-      client->Poll(out, t0, 32);
-      ASSERT_FALSE(out.headers.empty());
-      EXPECT_EQ(out.headers[0].kind, dpdk::SegmentKind::kSyn);
-      EXPECT_EQ(out.headers[0].ack, ours ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
+      const dpdk::SegmentHeader syn = FirstSegmentOf(*client, t0);
+      EXPECT_EQ(syn.kind, dpdk::SegmentKind::kSyn);
+      EXPECT_EQ(syn.ack, ours ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
       EXPECT_FALSE(client->peer_accepts_unchecked_payloads()) << "nothing heard yet";
       client->OnSegment(SynAckTo(params, theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0),
                         PiecewisePayload("", 1), t0);
@@ -250,14 +256,11 @@ TEST(DpdkConnState, HandshakeCarriesTheUncheckedPayloadFeature) {
       dpdk::ConnParams server_params = ClientParams();
       server_params.local_id = 7;
       server_params.accepts_unchecked_payloads = theirs;
-      auto server = dpdk::ConnState::NewServer(server_params, out.headers[0], dpdk::MacAddress{}, t0);
+      auto server = dpdk::ConnState::NewServer(server_params, syn, dpdk::MacAddress{}, t0);
       EXPECT_EQ(server->peer_accepts_unchecked_payloads(), ours);
-      RecordingOutput server_out;
-      server_out.mac_known = true;
-      server->Poll(server_out, t0, 32);
-      ASSERT_FALSE(server_out.headers.empty());
-      EXPECT_EQ(server_out.headers[0].kind, dpdk::SegmentKind::kSynAck);
-      EXPECT_EQ(server_out.headers[0].ack, theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
+      const dpdk::SegmentHeader syn_ack = FirstSegmentOf(*server, t0);
+      EXPECT_EQ(syn_ack.kind, dpdk::SegmentKind::kSynAck);
+      EXPECT_EQ(syn_ack.ack, theirs ? dpdk::kHandshakeAcceptsUncheckedPayloads : 0u);
     }
   }
 }
