@@ -98,11 +98,10 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       // Capacity for the announced length, up to kPayloadReserveMax (frame.h):
       // no page touched, and the growth below copies nothing within it.
       payload_.reserve(std::min<size_t>(frame_.payload_len, kPayloadReserveMax));
-      payload_have_ = 0;
     }
   }
   // Payload.
-  while (payload_have_ < frame_.payload_len) {
+  while (payload_.size() < frame_.payload_len) {
     InboundItem* item = stream.front();
     if (item == nullptr) return std::optional<Message>();
     if (item->kind != ItemKind::kData) {
@@ -121,7 +120,6 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
       payload_.append(piece);
       stream.AdvanceData(piece.size(), released);
     }
-    payload_have_ = payload_.size();
   }
   CANOPY_RETURN_IF_ERROR(VerifyFramePayload(frame_, payload_));
   Message message;
@@ -130,7 +128,6 @@ Result<std::optional<Message>> FrameAssembler::Step(InboundStream& stream, std::
   message.bulk_bytes = frame_.bulk_len;
   payload_.clear();
   header_have_ = 0;
-  payload_have_ = 0;
   return std::optional<Message>(std::move(message));
 }
 

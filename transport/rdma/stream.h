@@ -122,7 +122,6 @@ class FrameAssembler {
   size_t header_have_ = 0;
   FrameHeader frame_;
   std::string payload_;
-  size_t payload_have_ = 0;
 };
 
 }  // namespace canopy::transport::rdma
