@@ -20,6 +20,7 @@
 #include "tree/snapshot.h"
 #include "tree/store.h"
 #include "tree/transaction.h"
+#include "tree/xxh3.h"
 
 namespace canopy::tree {
 namespace {
@@ -376,6 +377,78 @@ TEST(TreeBlocks, ADefectAtAnyPositionOfARunIsRefusedWithAndWithoutVectors) {
     }
   }
   AllowSnapshotCheckVectors(true);
+}
+
+// The checker reads a NODES block a piece at a time (its CRC, digest and
+// records together), and a record may straddle two pieces. A leaf made
+// unsound (CRCs and digest right) around 16, 32, 64, 128 and 256 KiB into
+// one large block is refused, with and without vectors.
+TEST(TreeBlocks, ADefectAtAPieceBoundaryOfALargeBlockIsRefused) {
+  constexpr int kLeaves = 24000;  // 14-byte leaves: a 336 KB run, then the root's references
+  constexpr size_t kRecord = 14;
+  auto image = [&](int bad_leaf) {
+    return LeafRunImage(
+        kLeaves,
+        [&](int i, std::string* r) {
+          if (i == bad_leaf) r->back() = '\x01';
+        },
+        [](int, uint64_t) { return std::string(); });
+  };
+  for (bool vectors : {true, false}) {
+    SCOPED_TRACE(vectors ? "vectors allowed" : "no vectors");
+    AllowSnapshotCheckVectors(vectors);
+    auto good = OpenSnapshotImage(image(-1));
+    ASSERT_TRUE(good.ok()) << good.status().ToString();
+    ASSERT_EQ(good->root()->child_count(), static_cast<size_t>(kLeaves));
+    EXPECT_EQ(good->root()->child(kLeaves - 1)->attribute("id"),
+              ("value" + std::to_string(100 + kLeaves - 1)).substr(0, 8));
+    for (size_t kib : {16, 32, 64, 128, 256}) {
+      const int straddling = static_cast<int>((kib << 10) / kRecord);
+      for (int bad = straddling - 1; bad <= straddling + 1; ++bad) {
+        auto v = OpenSnapshotImage(image(bad));
+        ASSERT_TRUE(v.status().IsCorruption())
+            << "leaf " << bad << " near " << kib << " KiB: " << v.status().ToString();
+        EXPECT_NE(v.status().message().find("record at body offset " + std::to_string(bad * kRecord)),
+                  std::string::npos)
+            << v.status().ToString();
+      }
+    }
+  }
+  AllowSnapshotCheckVectors(true);
+}
+
+// Xxh3 (tree/xxh3.h) gives libxxhash's XXH3_64bits values in both of its
+// forms (AVX2 where the CPU has it, the library's otherwise), whatever the
+// lengths and however the bytes are split across Update calls.
+TEST(TreeBlocks, Xxh3MatchesTheLibraryInBothFormsAndAnySplit) {
+  const std::string bytes = testing::RandomBytes(300000, 17);
+  std::mt19937_64 rng(5);
+  const bool has_avx2 = Xxh3UsesAvx2();
+  for (bool avx2 : {true, false}) {
+    SCOPED_TRACE(avx2 ? "AVX2 form where the CPU has it" : "library form");
+    AllowXxh3Avx2(avx2);
+    EXPECT_EQ(Xxh3UsesAvx2(), avx2 && has_avx2);
+    for (size_t len :
+         {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 255, 256, 257, 1023, 1024, 1025, 65536, 300000}) {
+      const uint64_t want = XXH3_64bits(bytes.data(), len);
+      for (size_t piece : {size_t{0}, size_t{1}, size_t{7}, size_t{64}, size_t{1000}, size_t{16384}}) {
+        Xxh3 h;
+        if (piece == 0) {  // random pieces
+          for (size_t off = 0; off < len;) {
+            const size_t n = std::min<size_t>(len - off, rng() % 3000);
+            h.Update(bytes.data() + off, n);
+            off += n;
+          }
+        } else {
+          for (size_t off = 0; off < len; off += piece)
+            h.Update(bytes.data() + off, std::min(piece, len - off));
+        }
+        ASSERT_EQ(h.Digest(), want) << len << " bytes in pieces of " << piece;
+        ASSERT_EQ(h.Digest(), want) << "a second Digest()";
+      }
+    }
+  }
+  AllowXxh3Avx2(true);
 }
 
 TEST(TreeBlocks, ManyThreadsReadOneLazyTree) {

@@ -4,15 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
-#if defined(__x86_64__) || defined(__i386__)
-// The library's runtime-dispatched XXH3 (AVX2 / AVX-512 where the CPU has
-// them; the same hash values as the portable code).
-#include <xxh_x86dispatch.h>
-#define CANOPY_XXH3_UPDATE XXH3_64bits_update_dispatch
-#else
-#define CANOPY_XXH3_UPDATE XXH3_64bits_update
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -34,6 +25,7 @@
 #include "base/crc32c.h"
 #include "base/fd.h"
 #include "tree/node_image.h"
+#include "tree/xxh3.h"
 
 namespace canopy::tree {
 
@@ -42,18 +34,6 @@ namespace {
 constexpr uint8_t kBlockHead = 1;
 constexpr uint8_t kBlockNodes = 2;
 constexpr uint8_t kBlockTail = 3;
-
-struct Xxh3 {
-  Xxh3() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
-  ~Xxh3() {
-    if (state) XXH3_freeState(state);
-  }
-  Xxh3(const Xxh3&) = delete;
-  Xxh3& operator=(const Xxh3&) = delete;
-  void Update(const char* p, size_t n) { CANOPY_XXH3_UPDATE(state, p, n); }
-  uint64_t Digest() const { return XXH3_64bits_digest(state); }
-  XXH3_state_t* state;
-};
 
 inline char* PutVarintRaw(char* p, uint64_t v) {
   while (v >= 0x80) {
@@ -665,8 +645,12 @@ struct StreamChecker {
   }
 
   // A NODES block of the right length. The CRC, the digest and the record
-  // check go through the payload together, a cache-sized piece at a time,
-  // so the bytes come from memory once. The verdicts keep their order: a
+  // check go through the payload together, a piece at a time, so the bytes
+  // come from memory once. The piece stays in L2 (128 KiB): the CRC, first,
+  // streams it in with the hardware prefetcher running ahead, and the other
+  // two read it from L2. 16 KiB pieces (L1-sized) made the CRC wait on memory
+  // at each piece's start: with 8-byte values (1 M nodes, 16 MB) the whole
+  // check ran at 10.4-10.7 GB/s against 12.0-13.0 with 128-256 KiB pieces. The verdicts keep their order: a
   // CRC mismatch is reported before anything found in the records (which
   // are parsed with bounds checks, so unverified bytes are safe to read).
   Status AddNodesBlock(std::string_view block) {
@@ -677,7 +661,7 @@ struct StreamChecker {
     const bool check = begun && !complete && payload < payload_end;
     Status records;
     const char* next = payload;
-    constexpr size_t kPiece = 16 << 10;
+    constexpr size_t kPiece = 128 << 10;
     for (const char* piece = payload; piece < payload_end;) {
       const char* piece_end = piece + std::min<size_t>(kPiece, static_cast<size_t>(payload_end - piece));
       crc = crc32c::Extend(crc, piece, static_cast<size_t>(piece_end - piece));
