@@ -149,10 +149,12 @@ if [[ $mode == pair-b ]]; then
   server "$work/server1.log"
   echo "$port" >"$b_dir/rcopy.ready"
   # --resume: stop the server (SIGTERM: it keeps what arrived as .big.bin.rcopy-partial; after a
-  # SIGKILL only its .tmp file remains, which --resume does not use) once 1 MiB of the big file
-  # has arrived, then restart it.
-  arrived() { stat -c %s "$work"/in/.big.bin.rcopy-*.tmp 2>/dev/null | head -1; }
-  wait_until '[[ $(arrived) -ge 1048576 ]] 2>/dev/null' 120 "1 MiB of big.bin"
+  # SIGKILL only its .tmp file remains, which --resume does not use) once over 1 MiB of the big
+  # file has arrived, then restart it. The .tmp file has its final size from the start (a hole);
+  # its allocated blocks tell what arrived, up to one 256 KiB chunk ahead (rdma:// READs straight
+  # into the pages of a tmpfs file, which registering the chunk allocates): wait for 2 MiB.
+  arrived() { stat -c '%b %B' "$work"/in/.big.bin.rcopy-*.tmp 2>/dev/null | head -1 | awk '{print $1 * $2}'; }
+  wait_until '[[ $(arrived) -ge 2097152 ]] 2>/dev/null' 120 "2 MiB of big.bin"
   kill -TERM "$server_pid"
   wait "$server_pid" 2>/dev/null || true
   partial=$work/in/.big.bin.rcopy-partial

@@ -1,7 +1,9 @@
 #include "tests/transport_conformance.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "tests/testing/test_util.h"
 #include "transport/builtin.h"
 #include "transport/registry.h"
+#include "transport/transport_metrics.h"
 
 namespace canopy::transport::testing {
 namespace {
@@ -449,6 +452,55 @@ TEST_P(TransportConformanceTest, BulkBetweenFilesAndMemoryInAllCombinations) {
   ASSERT_TRUE(ReceiveExpected(*pair->server, 10, "done"));
   ASSERT_TRUE(sender.Join().ok());
   EXPECT_EQ(::lseek(source->get(), 0, SEEK_CUR), 0) << "the source's file offset must stay untouched";
+}
+
+// A bulk into a file that already covers the range (rcopy sizes its
+// temporary file up front) writes the range only: the bytes around it and the
+// file's size stay as they were. On rdma:// over tmpfs the bytes are READ
+// straight into the file's mapped pages; elsewhere, and when the file is
+// shorter, they are written.
+TEST_P(TransportConformanceTest, BulkIntoAFileThatCoversTheRangeWritesOnlyTheRange) {
+  auto pair = ConnectPair();
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  TempDir dir;
+  const std::string contents = RandomBytes((size_t{6} << 20) + 777, 23);
+  Worker sender([&]() -> Status {
+    CANOPY_RETURN_IF_ERROR(pair->client->SendWithBulk(9, "covered", BulkSource::FromMemory(contents)));
+    return pair->client->Send(10, "done");
+  });
+  ASSERT_TRUE(ReceiveExpected(*pair->server, 9, "covered", contents.size()));
+  const std::string sink_path = dir.File("sink");
+  const uint64_t sink_offset = 4096 + 100;
+  const std::string before(sink_offset + contents.size() + 5000, 'z');
+  ASSERT_TRUE(WriteFile(sink_path, before).ok());
+  auto sink = OpenFile(sink_path, O_RDWR);
+  ASSERT_TRUE(sink.ok()) << sink.status().ToString();
+  struct statfs fs;
+  ASSERT_EQ(::fstatfs(sink->get(), &fs), 0);
+  const bool rdma_into_tmpfs =
+      pair->server->peer_uri().find("rdma://") != std::string::npos && fs.f_type == TMPFS_MAGIC;
+  prometheus::Counter* direct = CountersForScheme("rdma").bulk_direct_bytes;
+  const double direct_before = direct->Value();
+  const uint64_t piece[3] = {(size_t{1} << 20) + 5, (size_t{3} << 20) - 5,
+                             contents.size() - (size_t{4} << 20)};
+  uint64_t done = 0;
+  for (uint64_t p : piece) {
+    Status s = pair->server->ReceiveBulk(BulkSink::ToFile(sink->get(), sink_offset + done), p, IoDeadline());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    done += p;
+  }
+  ASSERT_TRUE(ReceiveExpected(*pair->server, 10, "done"));
+  ASSERT_TRUE(sender.Join().ok());
+  auto written = ReadFileToString(sink_path);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  ASSERT_EQ(written->size(), before.size()) << "the file's size changed";
+  EXPECT_EQ(written->substr(0, sink_offset), before.substr(0, sink_offset));
+  EXPECT_TRUE(SameBytes(std::string_view(*written).substr(sink_offset, contents.size()), contents));
+  EXPECT_EQ(written->substr(sink_offset + contents.size()), before.substr(sink_offset + contents.size()));
+  if (rdma_into_tmpfs) {
+    EXPECT_EQ(direct->Value() - direct_before, static_cast<double>(contents.size()))
+        << "rdma:// into a tmpfs file should READ every piece straight into its pages";
+  }
 }
 
 // BulkSink::file_write_lock: while another holder keeps it, nothing is

@@ -129,7 +129,10 @@ struct BulkSource {
 // descriptor written with pwrite at file_offset (its own offset untouched).
 //
 // file_write_lock (optional, file sinks; not owned): held around each write
-// into the file, never while waiting for the network. Writers that share one
+// into the file, never while waiting for the network. Bytes a backend puts
+// into the file's pages without a write (rdma:// READs into the mapping of a
+// tmpfs file that already covers the range) take no file lock in the kernel
+// either, and do not take this one. Writers that share one
 // file (rcopy's parallel streams) pass the same mutex, so that they queue
 // asleep instead of spinning in the kernel on the file's inode lock: buffered
 // writes to one file are serialized there anyway (tmpfs, ext4, xfs), and on

@@ -7,6 +7,10 @@
 //   canopy_transport_retransmissions_total{scheme}   segments sent again (dpdk)
 //   canopy_transport_credit_stalls_total{scheme}     sends that found no credit
 //                                                    and had to wait (rdma)
+//   canopy_transport_bulk_direct_bytes_total{scheme} bulk bytes received straight
+//                                                    into a file sink's pages, with
+//                                                    no write (rdma: READ into a
+//                                                    tmpfs file's mapping)
 //
 // Ownership: the counters live until exit. Thread safety: any thread; the
 // increments are lock-free (CountersForScheme takes a lock: call it once per
@@ -26,6 +30,7 @@ struct SchemeCounters {
   prometheus::Counter* bytes_received;
   prometheus::Counter* retransmissions;
   prometheus::Counter* credit_stalls;
+  prometheus::Counter* bulk_direct_bytes;
 };
 
 const SchemeCounters& CountersForScheme(const std::string& scheme);

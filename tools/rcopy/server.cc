@@ -222,6 +222,23 @@ class Transfer {
     // (in this or another server process) that it is not an orphan. A QUERY
     // may hold it a moment on the empty file; nothing else blocks here.
     if (::flock(file_fd_.get(), LOCK_EX) != 0) return ErrnoStatus(errno, "lock the temporary file");
+    return SizeTemp();
+  }
+
+  // Gives the temporary file its final size, as a hole beyond what it holds
+  // (no blocks are allocated; ENOSPC still comes from the writes). Every
+  // stream then writes inside the file, which lets a transport put bytes
+  // straight into its pages (rdma:// READs into a tmpfs file's mapping)
+  // rather than through write(). What arrived is still told by the streams'
+  // counts (ContiguousPrefixLocked) or, for an orphan, by WrittenPrefix,
+  // which stops at the first hole.
+  Status SizeTemp() {
+    struct stat st;
+    if (::fstat(file_fd_.get(), &st) != 0) return ErrnoStatus(errno, "stat the temporary file");
+    if (static_cast<uint64_t>(st.st_size) < params_.file_size &&
+        ::ftruncate(file_fd_.get(), static_cast<off_t>(params_.file_size)) != 0) {
+      return ErrnoStatus(errno, "size the temporary file for '" + path_.ToString() + "'");
+    }
     return Status::Ok();
   }
 
@@ -381,7 +398,7 @@ class Transfer {
       return ErrnoStatus(errno, "truncate " + what);
     }
     file_fd_ = std::move(fd);
-    return Status::Ok();
+    return SizeTemp();
   }
 
   void FailLocked(const Status& why) {

@@ -206,6 +206,12 @@ class RdmaConnection final : public Connection {
 
   Status ReadSegment(const BulkSegment& segment, uint64_t segment_offset, uint64_t length,
                      const BulkSink& sink, uint64_t sink_offset, Deadline deadline);
+  // RDMA READs of `length` bytes at (remote, rkey) straight into dst, which
+  // `mr` covers, pipelined; returns once all have completed. On failure the
+  // connection is failed first (flushing reads still in flight into dst), so
+  // the caller may then unregister mr.
+  Status ReadRegistered(char* dst, ibv_mr* mr, uint64_t remote, uint32_t rkey, uint64_t length,
+                        Deadline until);
   Status PostRead(uint64_t local_addr, uint32_t lkey, uint64_t remote_addr, uint32_t rkey,
                   uint32_t length);  // mu_
   Status WaitReads(uint64_t target, Deadline deadline);

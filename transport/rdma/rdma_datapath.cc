@@ -2,10 +2,12 @@
 // RDMA WRITE (credits) posting, message and bulk paths.
 #include <endian.h>
 #include <fmt/format.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -770,6 +772,31 @@ Status RdmaConnection::WaitReads(uint64_t target, Deadline deadline) {
       lock, deadline, [&] { return reads_completed_ >= target; }, "waiting for RDMA READ completions", true);
 }
 
+Status RdmaConnection::ReadRegistered(char* dst, ibv_mr* mr, uint64_t remote, uint32_t rkey, uint64_t length,
+                                      Deadline until) {
+  auto can_post = [this] { return reads_posted_ - reads_completed_ < max_reads_ && sq_room() > 0; };
+  Status result;
+  uint64_t posted = 0;
+  uint64_t target = 0;
+  while (posted < length && result.ok()) {
+    const auto chunk = static_cast<uint32_t>(std::min<uint64_t>(kReadChunk, length - posted));
+    std::unique_lock<std::mutex> lock(mu_);
+    result = WaitLocked(lock, until, can_post, "waiting for a free RDMA READ slot", true);
+    if (!result.ok()) break;
+    result = PostRead(reinterpret_cast<uintptr_t>(dst + posted), mr->lkey, remote + posted, rkey, chunk);
+    target = reads_posted_;
+    posted += chunk;
+  }
+  if (result.ok()) result = WaitReads(target, until);
+  if (!result.ok()) {
+    // Reads may still be in flight into dst: break the connection first
+    // (flushes them), then the caller unregisters.
+    std::lock_guard<std::mutex> lock(mu_);
+    FailLocked(result);
+  }
+  return result;
+}
+
 Status RdmaConnection::ReadSegment(const BulkSegment& segment, uint64_t segment_offset, uint64_t length,
                                    const BulkSink& sink, uint64_t sink_offset, Deadline deadline) {
   const Deadline io = Deadline::After(options_.base.io_timeout);
@@ -780,31 +807,47 @@ Status RdmaConnection::ReadSegment(const BulkSegment& segment, uint64_t segment_
   if (!sink.is_file() && length >= kRegisterSinkMin) {
     ibv_mr* mr = ibv_reg_mr(pd_, sink.memory + sink_offset, length, IBV_ACCESS_LOCAL_WRITE);
     if (mr != nullptr) {
-      Status result;
-      uint64_t posted = 0;
-      uint64_t target = 0;
-      while (posted < length && result.ok()) {
-        const auto chunk = static_cast<uint32_t>(std::min<uint64_t>(kReadChunk, length - posted));
-        std::unique_lock<std::mutex> lock(mu_);
-        result = WaitLocked(lock, until, can_post, "waiting for a free RDMA READ slot", true);
-        if (!result.ok()) break;
-        result = PostRead(reinterpret_cast<uintptr_t>(sink.memory + sink_offset + posted), mr->lkey,
-                          remote + posted, segment.rkey, chunk);
-        target = reads_posted_;
-        posted += chunk;
-      }
-      if (result.ok()) result = WaitReads(target, until);
-      if (!result.ok()) {
-        // Reads may still be in flight into the caller's memory: break the
-        // connection first (flushes them), then unregister.
-        std::lock_guard<std::mutex> lock(mu_);
-        FailLocked(result);
-      }
+      Status result = ReadRegistered(sink.memory + sink_offset, mr, remote, segment.rkey, length, until);
       ibv_dereg_mr(mr);
       return result;
     }
     CANOPY_LOG(kDebug, "rdma: cannot register the sink ({}); reading through staging buffers",
                std::strerror(errno));
+  }
+  if (sink.is_file() && length >= kRegisterSinkMin) {
+    // A file on tmpfs whose size already covers the range: its pages are
+    // memory, so READ straight into them (mapped and registered), sparing
+    // the copy from a staging slot. The file's size is left as it is, as a
+    // pwrite inside it would. Not on disk file systems: pages under DMA that
+    // the file system did not see dirtied through a fault confuse its
+    // write-back (the kernel's known problem with pinned file pages).
+    const uint64_t absolute = sink.file_offset + sink_offset;
+    struct statfs fs;
+    struct stat st;
+    if (::fstatfs(sink.fd, &fs) == 0 && fs.f_type == TMPFS_MAGIC && ::fstat(sink.fd, &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) >= absolute + length) {
+      const uint64_t aligned = absolute & ~static_cast<uint64_t>(kPage - 1);
+      const size_t map_len = static_cast<size_t>(length + (absolute - aligned));
+      void* map =
+          mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, sink.fd, static_cast<off_t>(aligned));
+      if (map != MAP_FAILED) {
+        char* dst = static_cast<char*>(map) + (absolute - aligned);
+        ibv_mr* mr = ibv_reg_mr(pd_, dst, length, IBV_ACCESS_LOCAL_WRITE);
+        if (mr != nullptr) {
+          Status result = ReadRegistered(dst, mr, remote, segment.rkey, length, until);
+          ibv_dereg_mr(mr);
+          ::munmap(map, map_len);
+          if (result.ok()) {
+            static const SchemeCounters& counters = CountersForScheme("rdma");
+            counters.bulk_direct_bytes->Increment(static_cast<double>(length));
+          }
+          return result;
+        }
+        ::munmap(map, map_len);
+      }
+      CANOPY_LOG(kDebug, "rdma: cannot map and register the sink file ({}); reading through staging buffers",
+                 std::strerror(errno));
+    }
   }
 
   // Through the registered staging slots, pipelined.
