@@ -52,7 +52,7 @@ Result<FrameHeader> DecodeFrameHeader(std::string_view header, uint32_t max_payl
   h.payload_len = DecodeFixed32(p + 8);
   h.payload_crc = DecodeFixed32(p + 12);
   h.bulk_len = DecodeFixed64(p + 16);
-  h.payload_check = unchecked ? PayloadCheck::kNone : PayloadCheck::kCrc32c;
+  h.payload_check = PayloadCheckFor(unchecked);
   if (unchecked && h.payload_crc != 0) return Status::Corruption("unchecked frame payload with a CRC");
   if (((flags & kFrameFlagBulk) != 0) != (h.bulk_len > 0)) {
     return Status::Corruption("frame bulk flag disagrees with bulk length");

@@ -47,6 +47,12 @@ inline constexpr uint8_t kFrameFlagPayloadUnchecked = 0x02;
 // Whether a frame's payload carries its CRC32C.
 enum class PayloadCheck { kCrc32c, kNone };
 
+// The check for payloads on a link whose end (the peer when sending, this
+// side when receiving) accepts unchecked payloads, or does not.
+constexpr PayloadCheck PayloadCheckFor(bool accepts_unchecked) {
+  return accepts_unchecked ? PayloadCheck::kNone : PayloadCheck::kCrc32c;
+}
+
 struct FrameHeader {
   uint16_t type = 0;
   uint32_t payload_len = 0;

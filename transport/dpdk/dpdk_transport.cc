@@ -61,9 +61,8 @@ class DpdkConnection final : public Connection {
         // Frame payloads go without CRC32C where both ends' links cannot
         // damage a frame (memif: dpdk_wire.h, kHandshakeAcceptsUncheckedPayloads),
         // as the segments' UDP checksum is left out there (dpdk_port.cc).
-        send_check_(conn_->peer_accepts_unchecked_payloads() ? PayloadCheck::kNone : PayloadCheck::kCrc32c),
-        required_check_(conn_->params().accepts_unchecked_payloads ? PayloadCheck::kNone
-                                                                   : PayloadCheck::kCrc32c) {}
+        send_check_(PayloadCheckFor(conn_->peer_accepts_unchecked_payloads())),
+        required_check_(PayloadCheckFor(conn_->params().accepts_unchecked_payloads)) {}
   // A user-space stack dies with its process: after Shutdown, linger (up to
   // min(io_timeout, 2 s)) until the peer has everything, as the kernel would
   // for TCP, so that "Shutdown, then exit" delivers the data.

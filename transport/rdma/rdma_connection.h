@@ -192,8 +192,7 @@ class RdmaConnection final : public Connection {
   // How this side's frames carry their payload: unchecked once the peer's
   // hello said it accepts that (see accepts_unchecked_), else with a CRC.
   PayloadCheck FramePayloadCheck() const {
-    return peer_accepts_unchecked_.load(std::memory_order_acquire) ? PayloadCheck::kNone
-                                                                   : PayloadCheck::kCrc32c;
+    return PayloadCheckFor(peer_accepts_unchecked_.load(std::memory_order_acquire));
   }
   Status SendFileEager(int fd, uint64_t offset, uint64_t length);  // REQUIRES: send_mu_
   Status SendRendezvous(const BulkSource& bulk);                   // REQUIRES: send_mu_

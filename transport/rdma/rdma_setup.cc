@@ -275,7 +275,7 @@ Status RdmaConnection::CreateResources(bool active) {
 
   eager_bulk_ = EagerBulkFor(options_.eager_bulk, attr.vendor_id);
   accepts_unchecked_ = id->verbs->device->transport_type == IBV_TRANSPORT_IB;
-  assembler_.set_required_check(accepts_unchecked_ ? PayloadCheck::kNone : PayloadCheck::kCrc32c);
+  assembler_.set_required_check(PayloadCheckFor(accepts_unchecked_));
   CANOPY_LOG(kDebug, "rdma: device {} (vendor 0x{:x}): bulk transfers above {} bytes are RDMA READ",
              ibv_get_device_name(id->verbs->device), attr.vendor_id, eager_bulk_);
 
