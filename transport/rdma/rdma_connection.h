@@ -183,6 +183,9 @@ class RdmaConnection final : public Connection {
   void MaybeWriteCredits(bool force = false);               // REQUIRES: mu_
   void FailLocked(const Status& status);                    // REQUIRES: mu_
   uint32_t sq_room() const { return sq_depth_ - sq_outstanding_; }
+  // Whether another RDMA READ may be posted now (mu_ held): under the READ
+  // depth the peer allows, and with room on the send queue.
+  bool CanPostRead() const { return reads_posted_ - reads_completed_ < max_reads_ && sq_room() > 0; }
 
   // Sends one data item whose body is filled by `fill` (called without mu_,
   // returns the body length or an error). REQUIRES: send_mu_ held.

@@ -774,14 +774,14 @@ Status RdmaConnection::WaitReads(uint64_t target, Deadline deadline) {
 
 Status RdmaConnection::ReadRegistered(char* dst, ibv_mr* mr, uint64_t remote, uint32_t rkey, uint64_t length,
                                       Deadline until) {
-  auto can_post = [this] { return reads_posted_ - reads_completed_ < max_reads_ && sq_room() > 0; };
   Status result;
   uint64_t posted = 0;
   uint64_t target = 0;
   while (posted < length && result.ok()) {
     const auto chunk = static_cast<uint32_t>(std::min<uint64_t>(kReadChunk, length - posted));
     std::unique_lock<std::mutex> lock(mu_);
-    result = WaitLocked(lock, until, can_post, "waiting for a free RDMA READ slot", true);
+    result = WaitLocked(
+        lock, until, [this] { return CanPostRead(); }, "waiting for a free RDMA READ slot", true);
     if (!result.ok()) break;
     result = PostRead(reinterpret_cast<uintptr_t>(dst + posted), mr->lkey, remote + posted, rkey, chunk);
     target = reads_posted_;
@@ -802,7 +802,6 @@ Status RdmaConnection::ReadSegment(const BulkSegment& segment, uint64_t segment_
   const Deadline io = Deadline::After(options_.base.io_timeout);
   const Deadline until = io.at() < deadline.at() ? io : deadline;
   const uint64_t remote = segment.remote_addr + segment_offset;
-  auto can_post = [this] { return reads_posted_ - reads_completed_ < max_reads_ && sq_room() > 0; };
 
   if (!sink.is_file() && length >= kRegisterSinkMin) {
     ibv_mr* mr = ibv_reg_mr(pd_, sink.memory + sink_offset, length, IBV_ACCESS_LOCAL_WRITE);
@@ -867,7 +866,8 @@ Status RdmaConnection::ReadSegment(const BulkSegment& segment, uint64_t segment_
       const auto chunk = static_cast<uint32_t>(std::min<uint64_t>(staging_bytes_, length - posted));
       const uint32_t slot = free_slots.back();
       std::unique_lock<std::mutex> lock(mu_);
-      result = WaitLocked(lock, until, can_post, "waiting for a free RDMA READ slot", true);
+      result = WaitLocked(
+          lock, until, [this] { return CanPostRead(); }, "waiting for a free RDMA READ slot", true);
       if (!result.ok()) break;
       result = PostRead(reinterpret_cast<uintptr_t>(staging_slot(slot)), send_mr_->lkey, remote + posted,
                         segment.rkey, chunk);
