@@ -650,9 +650,10 @@ struct StreamChecker {
   // streams it in with the hardware prefetcher running ahead, and the other
   // two read it from L2. 16 KiB pieces (L1-sized) made the CRC wait on memory
   // at each piece's start: with 8-byte values (1 M nodes, 16 MB) the whole
-  // check ran at 10.4-10.7 GB/s against 12.0-13.0 with 128-256 KiB pieces. The verdicts keep their order: a
-  // CRC mismatch is reported before anything found in the records (which
-  // are parsed with bounds checks, so unverified bytes are safe to read).
+  // check ran at 10.4-10.7 GB/s against 12.0-13.0 with 128-256 KiB pieces.
+  // The verdicts keep their order: a CRC mismatch is reported before
+  // anything found in the records (which are parsed with bounds checks, so
+  // unverified bytes are safe to read).
   Status AddNodesBlock(std::string_view block) {
     const char* const data = block.data();
     const char* const payload = data + kChunkHeaderBytes;

@@ -18,8 +18,34 @@
 
 namespace canopy::tree {
 
+// One form of XXH3: its state's lifetime, updates and digest.
+struct Xxh3::Form {
+  void* (*new_state)();
+  void (*free_state)(void*);
+  void (*update)(void*, const void*, size_t);
+  uint64_t (*digest)(const void*);
+};
+
 namespace {
+
 std::atomic<bool> avx2_allowed{true};
+
+const Xxh3::Form kLibraryForm{
+    []() -> void* {
+      XXH3_state_t* s = XXH3_createState();
+      if (s == nullptr) std::abort();
+      XXH3_64bits_reset(s);
+      return s;
+    },
+    [](void* state) { XXH3_freeState(static_cast<XXH3_state_t*>(state)); },
+    [](void* state, const void* p, size_t n) { CANOPY_XXH3_UPDATE(static_cast<XXH3_state_t*>(state), p, n); },
+    [](const void* state) -> uint64_t { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state)); },
+};
+
+#ifdef CANOPY_XXH3_AVX2
+const Xxh3::Form kAvx2Form{xxh3_avx2::NewState, xxh3_avx2::FreeState, xxh3_avx2::Update, xxh3_avx2::Digest};
+#endif
+
 }  // namespace
 
 bool Xxh3UsesAvx2() {
@@ -33,44 +59,20 @@ bool Xxh3UsesAvx2() {
 
 void AllowXxh3Avx2(bool allowed) { avx2_allowed.store(allowed, std::memory_order_relaxed); }
 
-Xxh3::Xxh3() : avx2_(Xxh3UsesAvx2()) {
+// The AVX2 form where the CPU has it and it is allowed, else the library's.
+static const Xxh3::Form* ChosenForm() {
 #ifdef CANOPY_XXH3_AVX2
-  if (avx2_) {
-    state_ = xxh3_avx2::NewState();
-    return;
-  }
+  if (Xxh3UsesAvx2()) return &kAvx2Form;
 #endif
-  XXH3_state_t* s = XXH3_createState();
-  if (s == nullptr) std::abort();
-  XXH3_64bits_reset(s);
-  state_ = s;
+  return &kLibraryForm;
 }
 
-Xxh3::~Xxh3() {
-#ifdef CANOPY_XXH3_AVX2
-  if (avx2_) {
-    xxh3_avx2::FreeState(state_);
-    return;
-  }
-#endif
-  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
-}
+Xxh3::Xxh3() : form_(ChosenForm()), state_(form_->new_state()) {}
 
-void Xxh3::Update(const void* p, size_t n) {
-#ifdef CANOPY_XXH3_AVX2
-  if (avx2_) {
-    xxh3_avx2::Update(state_, p, n);
-    return;
-  }
-#endif
-  CANOPY_XXH3_UPDATE(static_cast<XXH3_state_t*>(state_), p, n);
-}
+Xxh3::~Xxh3() { form_->free_state(state_); }
 
-uint64_t Xxh3::Digest() const {
-#ifdef CANOPY_XXH3_AVX2
-  if (avx2_) return xxh3_avx2::Digest(state_);
-#endif
-  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
-}
+void Xxh3::Update(const void* p, size_t n) { form_->update(state_, p, n); }
+
+uint64_t Xxh3::Digest() const { return form_->digest(state_); }
 
 }  // namespace canopy::tree

@@ -28,9 +28,12 @@ class Xxh3 {
   // The hash of every byte given so far; Update may go on after it.
   uint64_t Digest() const;
 
+ public:
+  struct Form;  // tree/xxh3.cc
+
  private:
-  bool avx2_;
-  void* state_;  // an XXH3_state_t of the form chosen (the library's or the AVX2 one)
+  const Form* form_;  // chosen at construction
+  void* state_;       // an XXH3_state_t of that form
 };
 
 // For tests: whether Xxh3 objects created from now on use the AVX2 form

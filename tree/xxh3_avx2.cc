@@ -9,6 +9,8 @@
 
 #include <xxhash.h>
 
+#include <cstdlib>
+
 namespace canopy::tree::xxh3_avx2 {
 
 void* NewState() {
