@@ -114,13 +114,14 @@ TEST(TreeBlocks, LargeAttributesStayInTheImageAndKeepItAlive) {
     const Node& root = *opened->root();
     ASSERT_EQ(root.attribute_count(), 2u);
     const AttributeVector& attrs = root.attribute_vector();
-    EXPECT_TRUE(attrs[0]->in_image());    // "big"
-    EXPECT_FALSE(attrs[1]->in_image());   // "small"
+    ASSERT_NE(attrs[0].blob(), nullptr);
+    EXPECT_TRUE(attrs[0].blob()->in_image());  // "big"
+    EXPECT_EQ(attrs[1].blob(), nullptr);       // "small": in its slot
     EXPECT_LT(root.OwnBytes(), size_t{4096});  // the value is not on the heap
     Transaction t(*opened);
     ASSERT_TRUE(t.PutAttribute({}, "small", "changed").ok());
     edited = t.root();
-    EXPECT_EQ(edited->attribute_vector()[0].get(), attrs[0].get());  // shared, not copied
+    EXPECT_EQ(edited->attribute_vector()[0].blob(), attrs[0].blob());  // shared, not copied
   }
   // The version, its lazy nodes and the file's name are gone; the edited
   // root's big values (the root's own, and its still lazy child's) remain.

@@ -197,25 +197,62 @@ TEST(PersistentVector, KeyedSearchesFollowEveryEdit) {
   ExpectSearchesMatch(before, before_model, rng);
 }
 
-TEST(PersistentVector, AttributeSeparatorsNeverOutliveTheirBlobs) {
-  // Run under ASan: a separator is a borrowed blob pointer, so a Set or
-  // Erase that frees the first blob of a leaf must refresh it first.
+TEST(PersistentVector, AttributeSeparatorsNeverOutliveTheirSlots) {
+  // Run under ASan: a separator points at the first slot of a leaf (and a
+  // large attribute's slot at its blob), so every edit that moves, frees or
+  // replaces a leaf's first slot (Set, Insert with growth and splits, Erase
+  // with merges) must refresh the separators above it.
   auto key = [](size_t i) {
     std::string digits = std::to_string(i);
     return "k" + std::string(7 - std::min<size_t>(7, digits.size()), '0') + digits;
   };
+  // Every third value is too large for its slot: a blob.
+  auto value = [](size_t i, char c) { return i % 3 == 0 ? std::string(40, c) : std::string(1, c); };
   AttributeVector attrs;
-  for (size_t i = 0; i < 20000; ++i) attrs.PushBack(AttributeBlob::Make(key(i), "v"));
-  for (size_t i = 0; i < attrs.size(); i += 32) attrs.Set(i, AttributeBlob::Make(key(i), "w"));
+  for (size_t i = 0; i < 20000; i += 2) attrs.PushBack(AttributeSlot::Make(key(i), value(i, 'v')));
+  for (size_t i = 1; i < 20000; i += 4)
+    attrs.Insert(AttributeLowerBound(attrs, key(i)), AttributeSlot::Make(key(i), value(i, 'i')));
+  for (size_t i = 0; i < attrs.size(); i += 32)
+    attrs.Set(i, AttributeSlot::Make(std::string(attrs[i].key()), value(i, 'w')));
   for (int k = 0; k < 300; ++k) attrs.Erase(static_cast<size_t>(k) * 31 % attrs.size());
   AttributeVector copy = attrs;
-  for (size_t i = 0; i < copy.size(); i += 16) copy.Set(i, AttributeBlob::Make(std::string(copy[i]->key()), "x"));
-  attrs = AttributeVector();  // the blobs only the old version held are gone
+  for (size_t i = 0; i < copy.size(); i += 16)
+    copy.Set(i, AttributeSlot::Make(std::string(copy[i].key()), value(i, 'x')));
+  for (size_t i = 3; i < 20000; i += 40)
+    copy.Insert(AttributeLowerBound(copy, key(i)), AttributeSlot::Make(key(i), value(i, 'y')));
+  attrs = AttributeVector();  // the leaves only the old version held are gone
   for (size_t i = 0; i < copy.size(); i += 7) {
-    std::string k(copy[i]->key());
+    std::string k(copy[i].key());
     size_t at = AttributeLowerBound(copy, k);
     ASSERT_EQ(at, i);
+    ASSERT_TRUE(copy[i].value() == value(0, copy[i].value()[0]) ||
+                copy[i].value() == value(1, copy[i].value()[0]));
   }
+}
+
+TEST(PersistentVector, AttributeSlotsHoldSmallAttributesInline) {
+  AttributeSlot small = AttributeSlot::Make("key", std::string(AttributeSlot::kInlineBytes - 3, 'v'));
+  EXPECT_EQ(small.blob(), nullptr);
+  EXPECT_EQ(small.key(), "key");
+  EXPECT_EQ(small.value(), std::string(AttributeSlot::kInlineBytes - 3, 'v'));
+  EXPECT_EQ(small.HeapBytes(), 0u);
+  AttributeSlot large = AttributeSlot::Make("key", std::string(AttributeSlot::kInlineBytes - 2, 'v'));
+  ASSERT_NE(large.blob(), nullptr);
+  EXPECT_EQ(large.value(), std::string(AttributeSlot::kInlineBytes - 2, 'v'));
+  AttributeSlot copy = large;  // shares the blob
+  EXPECT_EQ(copy.blob(), large.blob());
+  AttributeSlot moved = std::move(copy);
+  EXPECT_EQ(moved.blob(), large.blob());
+  EXPECT_EQ(copy.blob(), nullptr);  // NOLINT(bugprone-use-after-move): a moved-from slot is empty
+  EXPECT_EQ(copy.key(), "");
+  AttributeSlot empty = AttributeSlot::Make("", "");
+  EXPECT_EQ(empty.key(), "");
+  EXPECT_EQ(empty.value(), "");
+  small = large;  // inline <- blob, and back
+  EXPECT_EQ(small.blob(), large.blob());
+  small = AttributeSlot::Make("a", "b");
+  EXPECT_EQ(small.key(), "a");
+  EXPECT_EQ(small.value(), "b");
 }
 
 // Separators compare the first eight key bytes as a number before reading a
@@ -232,9 +269,9 @@ TEST(PersistentVector, AttributeLookupsOrderKeysByteWise) {
     keys.insert(k);
   }
   std::vector<std::string> sorted(keys.begin(), keys.end());
-  std::vector<AttributePtr> blobs;
-  for (const auto& k : sorted) blobs.push_back(AttributeBlob::Make(k, "v"));
-  AttributeVector attrs = AttributeVector::FromVector(std::move(blobs));
+  std::vector<AttributeSlot> slots;
+  for (const auto& k : sorted) slots.push_back(AttributeSlot::Make(k, "v"));
+  AttributeVector attrs = AttributeVector::FromVector(std::move(slots));
   auto probe = [&](const std::string& k) {
     size_t got = AttributeLowerBound(attrs, k);
     size_t want = static_cast<size_t>(std::lower_bound(sorted.begin(), sorted.end(), k) - sorted.begin());

@@ -301,18 +301,18 @@ Status ApplyOneInPlace(NodePtr* root, const AnyOp& op, const NodeImage* owner) {
     case OpType::kDeleteAttribute: {
       std::string_view key = op.key;
       size_t lo = AttributeLowerBound(attrs, key);
-      bool found = lo < attrs.size() && attrs[lo]->key() == op.key;
+      bool found = lo < attrs.size() && attrs[lo].key() == op.key;
       if (op.type == OpType::kDeleteAttribute) {
         attrs.Erase(lo);
       } else {
         auto blob = [&] {
           return owner != nullptr && op.value.size() >= kReferencedValueBytes
-                     ? AttributeBlob::InImage(owner, op.key, op.value)
-                     : AttributeBlob::Make(op.key, op.value);
+                     ? AttributeSlot::Of(AttributeBlob::InImage(owner, op.key, op.value))
+                     : AttributeSlot::Make(op.key, op.value);
         };
         if (!found) {
           attrs.Insert(lo, blob());
-        } else if (attrs[lo]->value() != op.value) {
+        } else if (attrs[lo].value() != op.value) {
           attrs.Set(lo, blob());
         }
       }

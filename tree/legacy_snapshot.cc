@@ -287,7 +287,7 @@ Parse ParseBytes(Cursor* c, std::string_view* out) {
 }
 
 struct Record {
-  std::vector<AttributePtr> attributes;
+  std::vector<AttributeSlot> attributes;
   uint64_t child_count = 0;
 };
 
@@ -309,7 +309,7 @@ Parse ParseRecord(std::string_view in, Record* rec, size_t* consumed, std::strin
       return Parse::kBad;
     }
     prev_key = key;
-    rec->attributes.push_back(AttributeBlob::Make(key, value));
+    rec->attributes.push_back(AttributeSlot::Make(key, value));
   }
   if ((r = ParseVarint(&c, &rec->child_count)) != Parse::kOk) return r;
   *consumed = static_cast<size_t>(c.p - in.data());
@@ -320,7 +320,7 @@ Parse ParseRecord(std::string_view in, Record* rec, size_t* consumed, std::strin
 
 struct SnapshotReader::Impl {
   struct Frame {
-    std::vector<AttributePtr> attributes;
+    std::vector<AttributeSlot> attributes;
     std::vector<NodePtr> children;
     uint64_t expected = 0;
   };

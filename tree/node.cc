@@ -45,6 +45,24 @@ size_t AttributeBlob::HeapBytes() const {
   return sizeof(AttributeBlob) + (in_image() ? sizeof(ImageBytes) : key_len_ + value().size());
 }
 
+AttributeSlot AttributeSlot::Make(std::string_view key, std::string_view value) {
+  if (key.size() + value.size() > kInlineBytes) return Of(AttributeBlob::Make(key, value));
+  AttributeSlot s;
+  if (!key.empty()) std::memcpy(s.bytes_, key.data(), key.size());
+  if (!value.empty()) std::memcpy(s.bytes_ + key.size(), value.data(), value.size());
+  s.bytes_[kKeyLen] = static_cast<char>(key.size());
+  s.bytes_[kTag] = static_cast<char>(value.size());
+  return s;
+}
+
+AttributeSlot AttributeSlot::Of(AttributePtr blob) noexcept {
+  AttributeSlot s;
+  const AttributeBlob* b = blob.release();  // the slot holds this reference now
+  std::memcpy(s.bytes_, &b, sizeof b);
+  s.bytes_[kTag] = static_cast<char>(kBlobTag);
+  return s;
+}
+
 void RefAdd(const AttributeBlob* b) noexcept { b->refs_.fetch_add(1, std::memory_order_relaxed); }
 
 void RefRelease(const AttributeBlob* b) noexcept {
@@ -95,13 +113,13 @@ const NodePtr& Node::Empty() {
 }
 
 NodePtr Node::Make(const Attributes& attributes, std::vector<NodePtr> children) {
-  std::vector<AttributePtr> blobs;
-  blobs.reserve(attributes.size());
-  for (const Attribute& a : attributes) blobs.push_back(AttributeBlob::Make(a.key, a.value));
-  return Make(std::move(blobs), std::move(children));
+  std::vector<AttributeSlot> slots;
+  slots.reserve(attributes.size());
+  for (const Attribute& a : attributes) slots.push_back(AttributeSlot::Make(a.key, a.value));
+  return Make(std::move(slots), std::move(children));
 }
 
-NodePtr Node::Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> children) {
+NodePtr Node::Make(std::vector<AttributeSlot> attributes, std::vector<NodePtr> children) {
   if (attributes.empty() && children.empty()) return Empty();
   NodePtr p = NodeBuilderAccess::New();
   Node& n = const_cast<Node&>(*p);
@@ -114,17 +132,15 @@ std::optional<std::string_view> Node::attribute(std::string_view key) const {
   Load();
   size_t i = AttributeLowerBound(attributes_, key);
   if (i == attributes_.size()) return std::nullopt;
-  const AttributeBlob& b = *attributes_[i];
-  if (b.key() != key) return std::nullopt;
-  return b.value();
+  const AttributeSlot& s = attributes_[i];
+  if (s.key() != key) return std::nullopt;
+  return s.value();
 }
 
 size_t Node::OwnBytes() const {
   Load();
   size_t bytes = sizeof(Node) + children_.ChunkBytes() + attributes_.ChunkBytes();
-  attributes_.ForEach([&](const AttributePtr& b) {
-    bytes += b->HeapBytes();
-  });
+  attributes_.ForEach([&](const AttributeSlot& s) { bytes += s.HeapBytes(); });
   return bytes;
 }
 
@@ -183,8 +199,9 @@ bool TreesEqual(const NodePtr& a, const NodePtr& b) {
     if (x == y) continue;  // shared subtree
     if (x->child_count() != y->child_count() || x->attribute_count() != y->attribute_count()) return false;
     bool same_attributes = AllPairs(x->attribute_vector(), y->attribute_vector(),
-                                    [](const AttributePtr& p, const AttributePtr& q) {
-                                      return p == q || (p->key() == q->key() && p->value() == q->value());
+                                    [](const AttributeSlot& p, const AttributeSlot& q) {
+                                      return (p.blob() != nullptr && p.blob() == q.blob()) ||
+                                             (p.key() == q.key() && p.value() == q.value());
                                     });
     if (!same_attributes) return false;
     AllPairs(x->child_vector(), y->child_vector(), [&](const NodePtr& p, const NodePtr& q) {

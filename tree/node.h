@@ -9,13 +9,15 @@
 // - a Node is 24 bytes: its reference count, a PersistentVector of children
 //   and a PersistentVector of attributes (tree/persistent_vector.h: 32-way
 //   chunked, O(log32 n) edits with structural sharing);
-// - an attribute is one immutable blob holding key and value (or, when it
-//   was decoded from a block image, pointing at them in the image), shared
-//   by reference between every version (and every copy of a node) that has
-//   it;
-//   the attribute sequence is keyed by blob (AttributeVector): its inner
-//   chunks keep each child's first blob, so attribute(key) and a put read
-//   one blob per probe, not the first leaf of every probed child;
+// - an attribute is a 32-byte slot in its node's attribute sequence
+//   (AttributeSlot): a small one (key and value up to 30 bytes) is held in
+//   the slot itself; a larger one is one immutable blob holding key and
+//   value (or, when it was decoded from a block image, pointing at them in
+//   the image), shared by reference between every version (and every copy
+//   of a node) that has it;
+//   the attribute sequence is keyed (AttributeVector): its inner chunks keep
+//   each child's first key prefix, so attribute(key) and a put read one
+//   separator per probe, not the first leaf of every probed child;
 // - every childless node without attributes is the one shared Node::Empty().
 // A commit therefore copies, for each node on the path it edits, one Node and
 // the O(log n) chunks of its child or attribute sequence that lead to the
@@ -30,13 +32,14 @@
 // at its record in the image. A lazy node decodes its own record (attributes,
 // and one lazy node per child) the first time anything reads it, then drops
 // its reference to the image; until then it costs its 40 bytes and nothing
-// else. Decoding copies small attributes onto the heap; a large one (key and
+// else. Decoding copies small attributes into their slots (up to 30 bytes)
+// or onto the heap; a large one (key and
 // value at least kImageAttributeBytes) stays in the image, and its blob holds
 // a reference to the image instead. So an image (a checkpoint file's
 // mapping: its disk space too, once the store has deleted the file) lives as
-// long as any lazy node or any such attribute of it does, in any version. Decoding is thread-safe (a striped lock; readers of an already
-// decoded node pay one acquire load) and cannot fail: the image was fully
-// checked (CRCs and structure) before any lazy node was made.
+// long as any lazy node or any such attribute of it does, in any version. Decoding is thread-safe (a striped
+// lock; readers of an already decoded node pay one acquire load) and cannot fail: the image was fully checked
+// (CRCs and structure) before any lazy node was made.
 //
 // Deep trees are safe: releasing the last reference to a chain of any depth
 // does not recurse once per level (nodes are torn down from a work list), and
@@ -133,17 +136,100 @@ class AttributeBlob {
 };
 using AttributePtr = RefPtr<const AttributeBlob>;
 
-// The search key of an attribute in a node's AttributeVector: the blob (a
-// blob's key never changes) and its key's first eight bytes as a big-endian
-// number, zero-padded. Numbers order like the keys they come from wherever
-// they differ, so a search decides most comparisons from the number alone
-// and reads the blob only on a tie. The vector keeps one such key per child
-// in every inner chunk (its separators), so a lookup in a node of 10^6
-// attributes reads the separators of the chunks on its path, not one cold
-// blob per probe.
+// One attribute as a node's attribute sequence holds it: 32 bytes. A small
+// attribute (key and value together at most kInlineBytes) lives inside the
+// slot, so the chunk of slots that holds it is all a copy or a release of
+// that chunk touches: at this size copying the bytes costs less than a
+// counted reference to memory elsewhere (in a node of 10^6 attributes each
+// such reference is a cache miss when a commit copies the chunk, and again
+// when the old version is released). A larger attribute is a counted
+// reference to its AttributeBlob, shared by every version and copy that has
+// it. Copyable (a blob reference is counted) and movable (a moved-from slot
+// is an empty inline attribute); thread safety as RefPtr.
+class AttributeSlot {
+ public:
+  static constexpr size_t kInlineBytes = 30;
+
+  AttributeSlot() noexcept { std::memset(bytes_, 0, sizeof bytes_); }
+  // Inline when key and value fit, else a new heap blob.
+  static AttributeSlot Make(std::string_view key, std::string_view value);
+  // Holds `blob` (non-null) by reference, whatever its size.
+  static AttributeSlot Of(AttributePtr blob) noexcept;
+
+  AttributeSlot(const AttributeSlot& o) noexcept {
+    std::memcpy(bytes_, o.bytes_, sizeof bytes_);
+    if (const AttributeBlob* b = blob()) RefAdd(b);
+  }
+  AttributeSlot(AttributeSlot&& o) noexcept {
+    std::memcpy(bytes_, o.bytes_, sizeof bytes_);
+    std::memset(o.bytes_, 0, sizeof o.bytes_);
+  }
+  AttributeSlot& operator=(const AttributeSlot& o) noexcept {
+    AttributeSlot(o).swap(*this);
+    return *this;
+  }
+  AttributeSlot& operator=(AttributeSlot&& o) noexcept {
+    AttributeSlot(std::move(o)).swap(*this);
+    return *this;
+  }
+  ~AttributeSlot() {
+    if (const AttributeBlob* b = blob()) RefRelease(b);
+  }
+  void swap(AttributeSlot& o) noexcept {
+    char t[sizeof bytes_];
+    std::memcpy(t, bytes_, sizeof t);
+    std::memcpy(bytes_, o.bytes_, sizeof t);
+    std::memcpy(o.bytes_, t, sizeof t);
+  }
+
+  std::string_view key() const {
+    if (const AttributeBlob* b = blob()) [[unlikely]]
+      return b->key();
+    return {bytes_, static_cast<uint8_t>(bytes_[kKeyLen])};
+  }
+  std::string_view value() const {
+    if (const AttributeBlob* b = blob()) [[unlikely]]
+      return b->value();
+    return {bytes_ + static_cast<uint8_t>(bytes_[kKeyLen]), static_cast<uint8_t>(bytes_[kTag])};
+  }
+  // The blob this slot refers to, or nullptr for an inline attribute.
+  const AttributeBlob* blob() const noexcept {
+    if (static_cast<uint8_t>(bytes_[kTag]) != kBlobTag) [[likely]]
+      return nullptr;
+    const AttributeBlob* b;
+    std::memcpy(&b, bytes_, sizeof b);
+    return b;
+  }
+  // What copying, releasing or keying this slot touches outside it
+  // (PersistentVector prefetches it): its blob, or nullptr.
+  const void* prefetch_address() const noexcept { return blob(); }
+  // Heap bytes outside the slot (its blob's; image-backed bytes not counted).
+  size_t HeapBytes() const { return blob() ? blob()->HeapBytes() : 0; }
+
+ private:
+  // Inline: key then value from byte 0, the key's length at kKeyLen and the
+  // value's at kTag (<= kInlineBytes). By reference: the blob pointer in
+  // bytes 0-7 and kBlobTag at kTag.
+  static constexpr size_t kKeyLen = 30;
+  static constexpr size_t kTag = 31;
+  static constexpr uint8_t kBlobTag = 0xff;
+  alignas(8) char bytes_[32];
+};
+static_assert(sizeof(AttributeSlot) == 32);
+
+// The search key of an attribute in a node's AttributeVector: where its slot
+// is and its key's first eight bytes as a big-endian number, zero-padded.
+// Numbers order like the keys they come from wherever they differ, so a
+// search decides most comparisons from the number alone and reads the key
+// only on a tie. The vector keeps one such key per child in every inner
+// chunk (its separators), so a lookup in a node of 10^6 attributes reads the
+// separators of the chunks on its path, not one leaf per probe. The slot
+// address is one inside a leaf chunk: PersistentVector refreshes the
+// separators of every chunk an edit writes, and a chunk keeps the leaves
+// its separators point into alive (see its keyed-vector contract).
 struct AttributeKey {
   uint64_t prefix;
-  const AttributeBlob* blob;
+  const AttributeSlot* slot;
 
   static uint64_t PrefixOf(std::string_view key) noexcept {
     unsigned char bytes[8] = {};
@@ -156,15 +242,15 @@ struct AttributeKey {
   // PrefixOf(key).
   bool Before(std::string_view key, uint64_t key_prefix) const {
     if (prefix != key_prefix) return prefix < key_prefix;
-    return blob->key() < key;
+    return slot->key() < key;
   }
 };
 struct AttributeKeyOf {
-  AttributeKey operator()(const AttributePtr& p) const noexcept {
-    return AttributeKey{AttributeKey::PrefixOf(p->key()), p.get()};
+  AttributeKey operator()(const AttributeSlot& s) const noexcept {
+    return AttributeKey{AttributeKey::PrefixOf(s.key()), &s};
   }
 };
-using AttributeVector = PersistentVector<AttributePtr, AttributeKeyOf>;
+using AttributeVector = PersistentVector<AttributeSlot, AttributeKeyOf>;
 
 // The index of the first attribute whose key is not before `key` (its index
 // when present): one descent, O(log n).
@@ -187,7 +273,7 @@ class Node {
   // REQUIRES: `attributes` sorted by key with unique keys; no null children.
   static NodePtr Make(const Attributes& attributes, std::vector<NodePtr> children);
   // From stored attributes (sorted, unique keys) and children, built in O(n).
-  static NodePtr Make(std::vector<AttributePtr> attributes, std::vector<NodePtr> children);
+  static NodePtr Make(std::vector<AttributeSlot> attributes, std::vector<NodePtr> children);
   // The shared empty node (a fresh tree's root, every new child).
   static const NodePtr& Empty();
 
@@ -214,8 +300,8 @@ class Node {
   // REQUIRES: i < attribute_count(). Attributes are in key order. O(log32 n).
   AttributeView attribute_at(size_t i) const {
     Load();
-    const AttributeBlob& b = *attributes_[i];
-    return {b.key(), b.value()};
+    const AttributeSlot& s = attributes_[i];
+    return {s.key(), s.value()};
   }
   // The value for `key`, or nullopt. The view lives as long as this node.
   std::optional<std::string_view> attribute(std::string_view key) const;
@@ -223,7 +309,7 @@ class Node {
   template <typename F>
   void ForEachAttribute(F&& f) const {
     Load();
-    attributes_.ForEach([&](const AttributePtr& b) { f(AttributeView{b->key(), b->value()}); });
+    attributes_.ForEach([&](const AttributeSlot& s) { f(AttributeView{s.key(), s.value()}); });
   }
   // All attributes as a random-access view (index-based; for small maps and tests).
   class AttributeList;

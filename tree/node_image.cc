@@ -139,7 +139,7 @@ void Node::Decode() const {
   if (img == nullptr) return;  // another thread decoded it meanwhile
   size_t hint = 0;
   RecordParts r = ParseRecordParts(img->Record(lazy_offset_, &hint));
-  std::vector<AttributePtr> attrs;
+  std::vector<AttributeSlot> attrs;
   attrs.reserve(r.attribute_count);
   const char* p = r.attrs;
   for (uint64_t i = 0; i < r.attribute_count; ++i) {
@@ -150,9 +150,9 @@ void Node::Decode() const {
     std::string_view value(p, v);
     p += v;
     if (key.size() + value.size() >= AttributeBlob::kImageAttributeBytes) {
-      attrs.push_back(AttributeBlob::InImage(img, key, value));
+      attrs.push_back(AttributeSlot::Of(AttributeBlob::InImage(img, key, value)));
     } else {
-      attrs.push_back(AttributeBlob::Make(key, value));
+      attrs.push_back(AttributeSlot::Make(key, value));
     }
   }
   std::vector<NodePtr> kids;
