@@ -7,7 +7,10 @@
 // chunks of at most 32 entries, and shares everything else with the vector it
 // came from. A chunk referenced by this vector alone (reference count 1 along
 // the whole path) is edited in place, so a batch of edits to a vector nobody
-// else holds costs no copies at all.
+// else holds costs no copies at all. A copied inner chunk borrows the
+// children it shares with its original instead of taking a reference on
+// each (Borrow, below), so a copy touches the chunks on its path and not
+// their 32 children's counts.
 //
 // Small vectors stay small: a vector of n <= 32 elements is a single leaf
 // with room for the next power of two (or exactly n when built in bulk).
@@ -28,9 +31,10 @@
 // each child, the key of that child's first element (its separator),
 // refreshed on every edit path (Set, Insert, Erase: each edit re-reads the
 // separators of the chunks it wrote from their children, which it has in
-// cache), so no edit can leave a separator behind, and a chunk holds a
-// reference to each child whose elements its separators point into. A
-// separator is read only through the chunk that holds it. PartitionPoint then reads one separator
+// cache), so no edit can leave a separator behind, and a chunk keeps alive
+// each child whose elements its separators point into (by a reference of
+// its own or through the chunk it was copied from). A separator is read
+// only through the chunk that holds it. PartitionPoint then reads one separator
 // per probe instead of descending to the first leaf of each probed child:
 // at 10^6 elements a search takes about 20 dependent cache misses rather
 // than ~50 (the leaf's 32 elements are prefetched together). A keyed vector
@@ -118,6 +122,7 @@ class PersistentVector {
       for (size_t i = 0; i < level.size(); i += kFanout) {
         size_t n = std::min(kFanout, level.size() - i);
         Chunk* inner = AllocInner(n, height);
+        BorrowOf(inner).owned = AllOwned(n);
         for (size_t k = 0; k < n; ++k) {
           Kids(inner)[k] = level[i + k];
           Sizes(inner)[k] = level[i + k]->total;
@@ -243,14 +248,14 @@ class PersistentVector {
   T& MutableAt(size_t i)
     requires(!kKeyed)
   {
-    Chunk** slot = &root_;
+    Slot slot = RootSlot(&root_);
     for (;;) {
-      Chunk* c = Writable(slot, (*slot)->count);
+      Chunk* c = Writable(slot, (*slot.at)->count);
       if (c->height == 0) return Items(c)[i];
       uint64_t* s = Sizes(c);
       size_t j = 0;
       while (i >= s[j]) i -= static_cast<size_t>(s[j++]);
-      slot = &Kids(c)[j];
+      slot = KidSlot(c, j);
     }
   }
   // Replaces element i (copying shared chunks on its path; a keyed vector
@@ -259,7 +264,7 @@ class PersistentVector {
     if constexpr (!kKeyed) {
       MutableAt(i) = std::move(value);
     } else {
-      SetIn(&root_, i, value);
+      SetIn(RootSlot(&root_), i, value);
     }
   }
 
@@ -272,9 +277,10 @@ class PersistentVector {
       root_->total = 1;
       return;
     }
-    Chunk* split = InsertIn(&root_, i, value);
+    Chunk* split = InsertIn(RootSlot(&root_), i, value);
     if (split) {
       Chunk* up = AllocInner(2, static_cast<uint8_t>(root_->height + 1));
+      BorrowOf(up).owned = AllOwned(2);
       Kids(up)[0] = root_;
       Kids(up)[1] = split;
       Sizes(up)[0] = root_->total;
@@ -290,7 +296,7 @@ class PersistentVector {
 
   // Removes element i. REQUIRES: i < size().
   void Erase(size_t i) {
-    EraseIn(&root_, i);
+    EraseIn(RootSlot(&root_), i);
     if (root_->count == 0) {
       Unref(root_);
       root_ = nullptr;
@@ -298,7 +304,8 @@ class PersistentVector {
     }
     while (root_->height > 0 && root_->count == 1) {
       Chunk* only = Kids(root_)[0];
-      root_->count = 0;  // root_ is ours alone after EraseIn: free it without touching `only`
+      if (!Owns(root_, 0)) Ref(only);  // root_'s base kept it alive; the vector takes a reference of its own
+      root_->count = 0;  // root_ is ours alone after EraseIn: free it (and its base) without releasing `only`
       Unref(root_);
       root_ = only;
     }
@@ -322,12 +329,43 @@ class PersistentVector {
   static_assert(sizeof(Chunk) == 16);
   static_assert(alignof(T) <= alignof(Chunk), "entries follow the 16-byte header unpadded");
 
-  // A leaf is followed by T[capacity]; an inner chunk by uint64_t sizes[capacity]
-  // then Chunk* kids[capacity].
+  // Copying an inner chunk without a reference per child. A copy (Clone)
+  // of an inner chunk normally takes a reference on each of its up to 32
+  // children, and freeing either copy later drops one again: in a large
+  // vector those children's counts are cold cache lines, two misses per
+  // child per commit that copies the chunk, though the copy and the
+  // original share every child but the one the edit replaces. Instead the
+  // copy holds one reference to the chunk it was copied from (its base),
+  // which keeps every child they share alive, and counted references only
+  // to the children it changes (bit k of `owned`: this chunk holds its own
+  // reference to child k). A chunk that is some copy's base is never
+  // edited again (its count stays above 1 while the copy lives, and it is
+  // reachable from the copy only as a base). Chains are cut short: a copy
+  // of a chunk that is kMaxBorrowDepth copies down a chain takes its own
+  // reference on every child again, so a chain keeps at most that many
+  // older chunks (not their children, which the newer copies share) alive
+  // past their versions, and a copy costs ~32 / (kMaxBorrowDepth + 1)
+  // child references on average instead of 32. Leaves always own their
+  // elements (copying a leaf copies the elements).
+  static constexpr uint8_t kMaxBorrowDepth = 4;
+  struct Borrow {
+    Chunk* base = nullptr;  // the chunk this one was copied from, held by one reference; or none
+    uint32_t owned = 0;     // bit k: this chunk holds a counted reference to child k
+    uint8_t depth = 0;      // chunks in the chain of bases below this one
+  };
+  static_assert(sizeof(Borrow) == 16);
+  static_assert(kFanout <= 32, "one bit per child in Borrow::owned");
+
+  // A leaf is followed by T[capacity]; an inner chunk by its Borrow, then
+  // uint64_t sizes[capacity], then Chunk* kids[capacity].
   static T* Items(Chunk* c) noexcept { return reinterpret_cast<T*>(c + 1); }
   static const T* Items(const Chunk* c) noexcept { return reinterpret_cast<const T*>(c + 1); }
-  static uint64_t* Sizes(Chunk* c) noexcept { return reinterpret_cast<uint64_t*>(c + 1); }
-  static const uint64_t* Sizes(const Chunk* c) noexcept { return reinterpret_cast<const uint64_t*>(c + 1); }
+  static Borrow& BorrowOf(Chunk* c) noexcept { return *reinterpret_cast<Borrow*>(c + 1); }
+  static const Borrow& BorrowOf(const Chunk* c) noexcept { return *reinterpret_cast<const Borrow*>(c + 1); }
+  static uint64_t* Sizes(Chunk* c) noexcept { return reinterpret_cast<uint64_t*>(&BorrowOf(c) + 1); }
+  static const uint64_t* Sizes(const Chunk* c) noexcept {
+    return reinterpret_cast<const uint64_t*>(&BorrowOf(c) + 1);
+  }
   static Chunk** Kids(Chunk* c) noexcept { return reinterpret_cast<Chunk**>(Sizes(c) + c->capacity); }
   static Chunk* const* Kids(const Chunk* c) noexcept {
     return reinterpret_cast<Chunk* const*>(Sizes(c) + c->capacity);
@@ -338,6 +376,35 @@ class PersistentVector {
     return static_cast<const Key*>(static_cast<const void*>(Kids(c) + c->capacity));
   }
   static constexpr size_t kSepBytes = kKeyed ? sizeof(Key) : 0;
+
+  // Ownership bits of inner chunks (Borrow::owned).
+  static uint32_t AllOwned(size_t n) noexcept { return static_cast<uint32_t>((uint64_t{1} << n) - 1); }
+  static bool Owns(const Chunk* c, size_t k) noexcept { return (BorrowOf(c).owned >> k) & 1u; }
+  // The mask with a bit `v` inserted at k (bits from k move up one).
+  static uint32_t MaskInsert(uint32_t m, size_t k, bool v) noexcept {
+    const uint64_t low = m & ((uint64_t{1} << k) - 1);
+    const uint64_t high = (uint64_t{m} >> k) << (k + 1);
+    return static_cast<uint32_t>(low | high | (uint64_t{v} << k));
+  }
+  // The mask without bit k (bits above it move down one).
+  static uint32_t MaskErase(uint32_t m, size_t k) noexcept {
+    const uint64_t low = m & ((uint64_t{1} << k) - 1);
+    const uint64_t high = (uint64_t{m} >> (k + 1)) << k;
+    return static_cast<uint32_t>(low | high);
+  }
+
+  // Where a chunk is held: the vector's root (or a chunk a caller holds
+  // alone), which is always a counted reference, or child `index` of the
+  // inner chunk `parent`, which may be borrowed from parent's base.
+  struct Slot {
+    Chunk** at;
+    Chunk* parent;  // nullptr: a counted reference
+    size_t index;
+    bool Owned() const noexcept { return parent == nullptr || Owns(parent, index); }
+  };
+  static Slot RootSlot(Chunk** at) noexcept { return Slot{at, nullptr, 0}; }
+  static Slot KidSlot(Chunk* c, size_t j) noexcept { return Slot{&Kids(c)[j], c, j}; }
+
   // Fetches the memory outside element t that copying, releasing or keying
   // it touches (see the top of this file), for writing when `write`.
   template <int kWrite>
@@ -356,7 +423,8 @@ class PersistentVector {
   static void SetSeparator(Chunk* c, size_t k) noexcept {
     if constexpr (kKeyed) Seps(c)[k] = FirstKey(Kids(c)[k]);
   }
-  // Moves inner entry `from` of chunk a to slot `to` of chunk b (sizes, kids, separators).
+  // Copies inner entry `from` of chunk a to slot `to` of chunk b (sizes,
+  // kids, separators; not the ownership bit).
   static void MoveEntry(const Chunk* a, size_t from, Chunk* b, size_t to) noexcept {
     Kids(b)[to] = Kids(a)[from];
     Sizes(b)[to] = Sizes(a)[from];
@@ -370,7 +438,7 @@ class PersistentVector {
   }
   static size_t LeafBytes(size_t cap) { return sizeof(Chunk) + cap * sizeof(T); }
   static size_t InnerBytes(size_t cap) {
-    return sizeof(Chunk) + cap * (sizeof(uint64_t) + sizeof(Chunk*) + kSepBytes);
+    return sizeof(Chunk) + sizeof(Borrow) + cap * (sizeof(uint64_t) + sizeof(Chunk*) + kSepBytes);
   }
 
   static Chunk* AllocLeaf(size_t cap) {
@@ -378,10 +446,12 @@ class PersistentVector {
     c->capacity = static_cast<uint8_t>(cap);
     return c;
   }
+  // An inner chunk with no children, no base and no ownership bits.
   static Chunk* AllocInner(size_t cap, uint8_t height) {
     Chunk* c = new (::operator new(InnerBytes(cap))) Chunk();
     c->capacity = static_cast<uint8_t>(cap);
     c->height = height;
+    new (&BorrowOf(c)) Borrow();
     return c;
   }
   static void Free(Chunk* c) noexcept {
@@ -399,20 +469,27 @@ class PersistentVector {
       for (size_t k = 0; k < c->count; ++k) PrefetchOutside<1>(Items(c)[k]);
       for (size_t k = 0; k < c->count; ++k) Items(c)[k].~T();
     } else {
-      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
-      for (size_t k = 0; k < c->count; ++k) Unref(Kids(c)[k]);
+      const Borrow& b = BorrowOf(c);
+      for (size_t k = 0; k < c->count; ++k) {
+        if (Owns(c, k)) __builtin_prefetch(Kids(c)[k], 1);
+      }
+      for (size_t k = 0; k < c->count; ++k) {
+        if (Owns(c, k)) Unref(Kids(c)[k]);
+      }
+      if (b.base != nullptr) Unref(b.base);
     }
     Free(c);
   }
 
-  // A copy of c (any reference count) with room for `cap` entries; the copy's
-  // entries hold their own references.
+  // A copy of c (any reference count) with room for `cap` entries; its
+  // entries are alive as long as it is.
   //
-  // Copying takes a reference on every entry, and in a large tree those
-  // entries (nodes, attribute blobs, chunks) are spread over memory: one
-  // atomic increment per cold cache line, each waiting for its miss. Fetching
-  // all the lines first lets the misses overlap, so a copy costs about one
-  // memory latency instead of 32.
+  // A leaf's copy copies the elements. An inner chunk's copy borrows its
+  // children from c (see Borrow) unless c is kMaxBorrowDepth down a chain;
+  // then it takes a reference on every child, and in a large tree those
+  // children are spread over memory: one atomic increment per cold cache
+  // line, each waiting for its miss. Fetching all the lines first lets the
+  // misses overlap, so that copy costs about one memory latency, not 32.
   static Chunk* Clone(const Chunk* c, size_t cap) {
     Chunk* n;
     if (c->height == 0) {
@@ -420,18 +497,29 @@ class PersistentVector {
       n = AllocLeaf(cap);
       for (size_t k = 0; k < c->count; ++k) new (&Items(n)[k]) T(Items(c)[k]);
     } else {
-      for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
+      const Borrow& cb = BorrowOf(c);
       n = AllocInner(cap, c->height);
-      for (size_t k = 0; k < c->count; ++k) {
-        MoveEntry(c, k, n, k);
-        Ref(Kids(c)[k]);
+      Borrow& nb = BorrowOf(n);
+      if (cb.depth < kMaxBorrowDepth) {
+        for (size_t k = 0; k < c->count; ++k) MoveEntry(c, k, n, k);
+        nb.base = const_cast<Chunk*>(c);
+        nb.depth = static_cast<uint8_t>(cb.depth + 1);
+        Ref(nb.base);
+      } else {
+        for (size_t k = 0; k < c->count; ++k) __builtin_prefetch(Kids(c)[k], 1);
+        for (size_t k = 0; k < c->count; ++k) {
+          MoveEntry(c, k, n, k);
+          Ref(Kids(c)[k]);
+        }
+        nb.owned = AllOwned(c->count);
       }
     }
     n->count = c->count;
     n->total = c->total;
     return n;
   }
-  // Moves the entries of a chunk we alone hold into a larger one and frees it.
+  // Moves the entries of a chunk we alone hold into a larger one and frees
+  // it (an inner chunk's base and ownership bits move with them).
   static Chunk* Grow(Chunk* c, size_t cap) {
     Chunk* n;
     if (c->height == 0) {
@@ -443,30 +531,38 @@ class PersistentVector {
     } else {
       n = AllocInner(cap, c->height);
       for (size_t k = 0; k < c->count; ++k) MoveEntry(c, k, n, k);
+      BorrowOf(n) = BorrowOf(c);
     }
     n->count = c->count;
     n->total = c->total;
     Free(c);
     return n;
   }
-  // Makes *slot a chunk this vector alone holds, with room for `need` entries.
-  static Chunk* Writable(Chunk** slot, size_t need) {
-    Chunk* c = *slot;
-    if (c->refs.load(std::memory_order_acquire) == 1) {
-      if (c->capacity < need) *slot = Grow(c, CapacityFor(need));
-      return *slot;
+  // Makes the chunk at `slot` one that its holder alone holds by a counted
+  // reference (copying it if it is shared, or borrowed from the holder's
+  // base), with room for `need` entries.
+  static Chunk* Writable(Slot slot, size_t need) {
+    Chunk* c = *slot.at;
+    const bool owned = slot.Owned();
+    if (owned && c->refs.load(std::memory_order_acquire) == 1) {
+      if (c->capacity < need) *slot.at = Grow(c, CapacityFor(need));
+      return *slot.at;
     }
     Chunk* n = Clone(c, CapacityFor(std::max<size_t>(need, c->count)));
-    Unref(c);
-    *slot = n;
+    if (owned) {
+      Unref(c);
+    } else {
+      BorrowOf(slot.parent).owned |= uint32_t{1} << slot.index;
+    }
+    *slot.at = n;
     return n;
   }
 
-  // Inserts into the subtree at *slot; returns the new right sibling if the
+  // Inserts into the subtree at `slot`; returns the new right sibling if the
   // chunk had to split (the caller links it in).
-  static Chunk* InsertIn(Chunk** slot, size_t i, T& value) {
-    if ((*slot)->height == 0) {
-      Chunk* c = *slot;
+  static Chunk* InsertIn(Slot slot, size_t i, T& value) {
+    if ((*slot.at)->height == 0) {
+      Chunk* c = *slot.at;
       if (c->count < kFanout) {
         c = Writable(slot, c->count + 1u);
         T* it = Items(c);
@@ -491,20 +587,20 @@ class PersistentVector {
       c->total = keep;
       if (i <= keep) {
         if (i == keep && keep == kFanout) {
-          InsertIn(&right, 0, value);
+          InsertIn(RootSlot(&right), 0, value);
         } else {
           InsertIn(slot, i, value);
         }
       } else {
-        InsertIn(&right, i - keep, value);
+        InsertIn(RootSlot(&right), i - keep, value);
       }
       return right;
     }
 
-    Chunk* c = Writable(slot, (*slot)->count);
+    Chunk* c = Writable(slot, (*slot.at)->count);
     size_t j = 0;
     while (j + 1 < c->count && i > Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
-    Chunk* split = InsertIn(&Kids(c)[j], i, value);
+    Chunk* split = InsertIn(KidSlot(c, j), i, value);
     Sizes(c)[j] = Kids(c)[j]->total;
     SetSeparator(c, j);
     ++c->total;
@@ -512,13 +608,15 @@ class PersistentVector {
     return LinkChild(slot, j + 1, split);
   }
 
-  // Inserts child `kid` at position j of the inner chunk *slot (ours alone);
-  // returns a new right sibling if *slot had to split.
-  static Chunk* LinkChild(Chunk** slot, size_t j, Chunk* kid) {
-    Chunk* c = *slot;
+  // Inserts child `kid` (a chunk the caller hands over with its reference)
+  // at position j of the inner chunk at `slot` (writable: ours alone);
+  // returns a new right sibling if that chunk had to split.
+  static Chunk* LinkChild(Slot slot, size_t j, Chunk* kid) {
+    Chunk* c = *slot.at;
     if (c->count < kFanout) {
       c = Writable(slot, c->count + 1u);
       for (size_t k = c->count; k > j; --k) MoveEntry(c, k - 1, c, k);
+      BorrowOf(c).owned = MaskInsert(BorrowOf(c).owned, j, true);
       Kids(c)[j] = kid;
       Sizes(c)[j] = kid->total;
       SetSeparator(c, j);
@@ -531,7 +629,12 @@ class PersistentVector {
     for (size_t k = keep; k < c->count; ++k) {
       MoveEntry(c, k, right, k - keep);
       right->total += Sizes(c)[k];
+      // right takes c's reference to a child c owns, and one of its own to
+      // a child c borrows (c's base does not keep right's children alive).
+      if (!Owns(c, k)) Ref(Kids(c)[k]);
     }
+    BorrowOf(right).owned = AllOwned(c->count - keep);
+    BorrowOf(c).owned &= AllOwned(keep);
     right->count = static_cast<uint16_t>(c->count - keep);
     c->count = static_cast<uint16_t>(keep);
     c->total -= right->total;
@@ -540,29 +643,29 @@ class PersistentVector {
     if (j > keep || (j == keep && keep == kFanout)) {
       c->total -= kid->total;
       right->total += kid->total;
-      LinkChild(&right, j - keep, kid);
+      LinkChild(RootSlot(&right), j - keep, kid);
     } else {
       LinkChild(slot, j, kid);
     }
     return right;
   }
 
-  // Keyed Set: replaces element i under *slot, then refreshes the separator
+  // Keyed Set: replaces element i under `slot`, then refreshes the separator
   // of every inner chunk on the way back up.
-  static void SetIn(Chunk** slot, size_t i, T& value) {
-    Chunk* c = Writable(slot, (*slot)->count);
+  static void SetIn(Slot slot, size_t i, T& value) {
+    Chunk* c = Writable(slot, (*slot.at)->count);
     if (c->height == 0) {
       Items(c)[i] = std::move(value);
       return;
     }
     size_t j = 0;
     while (i >= Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
-    SetIn(&Kids(c)[j], i, value);
+    SetIn(KidSlot(c, j), i, value);
     SetSeparator(c, j);
   }
 
-  static void EraseIn(Chunk** slot, size_t i) {
-    Chunk* c = Writable(slot, (*slot)->count);
+  static void EraseIn(Slot slot, size_t i) {
+    Chunk* c = Writable(slot, (*slot.at)->count);
     if (c->height == 0) {
       T* it = Items(c);
       for (size_t k = i; k + 1 < c->count; ++k) it[k] = std::move(it[k + 1]);
@@ -573,12 +676,12 @@ class PersistentVector {
     }
     size_t j = 0;
     while (i >= Sizes(c)[j]) i -= static_cast<size_t>(Sizes(c)[j++]);
-    EraseIn(&Kids(c)[j], i);
+    EraseIn(KidSlot(c, j), i);
     --Sizes(c)[j];
     --c->total;
     Chunk* kid = Kids(c)[j];
     if (kid->count == 0) {
-      Unref(kid);
+      Unref(kid);  // owned: EraseIn made it writable
       RemoveChild(c, j);
       return;
     }
@@ -593,13 +696,14 @@ class PersistentVector {
   // Removes child j of inner chunk c (ours alone) without releasing it.
   static void RemoveChild(Chunk* c, size_t j) {
     for (size_t k = j; k + 1 < c->count; ++k) MoveEntry(c, k + 1, c, k);
+    BorrowOf(c).owned = MaskErase(BorrowOf(c).owned, j);
     --c->count;
   }
 
   // Merges child left+1 into child left of inner chunk c (ours alone).
   static void MergeChildren(Chunk* c, size_t left) {
     Chunk* r = Kids(c)[left + 1];
-    Chunk* l = Writable(&Kids(c)[left], size_t(Kids(c)[left]->count) + r->count);
+    Chunk* l = Writable(KidSlot(c, left), size_t(Kids(c)[left]->count) + r->count);
     if (l->height == 0) {
       for (size_t k = 0; k < r->count; ++k) new (&Items(l)[l->count + k]) T(Items(r)[k]);
     } else {
@@ -607,12 +711,13 @@ class PersistentVector {
         MoveEntry(r, k, l, l->count + k);
         Ref(Kids(r)[k]);
       }
+      BorrowOf(l).owned |= AllOwned(r->count) << l->count;
     }
     l->count = static_cast<uint16_t>(l->count + r->count);
     l->total += r->total;
     Sizes(c)[left] = l->total;
     SetSeparator(c, left);
-    Unref(r);
+    if (Owns(c, left + 1)) Unref(r);  // else c's base keeps r alive
     RemoveChild(c, left + 1);
   }
 
@@ -636,6 +741,10 @@ class PersistentVector {
       return;
     }
     *bytes += InnerBytes(c->capacity);
+    // The older chunks c keeps alive as its chain of bases (see Borrow);
+    // their children are c's or one of c's, counted below.
+    for (const Chunk* b = BorrowOf(c).base; b != nullptr; b = BorrowOf(b).base)
+      *bytes += InnerBytes(b->capacity);
     for (size_t k = 0; k < c->count; ++k) CountBytes(Kids(c)[k], bytes);
   }
 
