@@ -406,7 +406,7 @@ class PersistentVector {
   static Slot KidSlot(Chunk* c, size_t j) noexcept { return Slot{&Kids(c)[j], c, j}; }
 
   // Fetches the memory outside element t that copying, releasing or keying
-  // it touches (see the top of this file), for writing when `write`.
+  // it touches (see the top of this file), for writing when kWrite is 1.
   template <int kWrite>
   static void PrefetchOutside(const T& t) noexcept {
     if constexpr (requires { t.prefetch_address(); }) {
