@@ -155,7 +155,10 @@ Status Node::Impl::StartMeta() {
   // leader: elect within a few heartbeats, not raft's default second.
   mo.election_timeout_ms = static_cast<uint32_t>(options.raft_election_timeout.count());
   mo.heartbeat_timeout_ms = std::max<uint32_t>(1, mo.election_timeout_ms / 5);
-  CANOPY_ASSIGN_OR_RETURN(meta, meta::MetadataService::Start(mo));
+  // Raft starts in the background: the node's own start-up and its first
+  // gossip round (a joiner learning its trees) go on meanwhile, and
+  // Node::Start waits for it (AwaitStarted) before it returns.
+  CANOPY_ASSIGN_OR_RETURN(meta, meta::MetadataService::StartInBackground(mo));
   meta_watch = meta->AddWatch([this](const meta::ClusterState& state) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -380,6 +383,16 @@ Result<std::unique_ptr<Node>> Node::Start(const NodeOptions& options) {
   CANOPY_RETURN_IF_ERROR(impl->Init());
   CANOPY_RETURN_IF_ERROR(impl->StartMeta());
   impl->StartThreads();
+  if (impl->meta) {
+    Status raft = impl->meta->AwaitStarted();
+    if (!raft.ok()) {
+      impl->Stop();
+      return raft;
+    }
+    std::lock_guard<std::mutex> lock(impl->mu);
+    impl->raft_listening = impl->raft_announce_due = true;
+    impl->cv.notify_all();
+  }
   CANOPY_LOG(kInfo, "node {}: serving cluster {} on {} (data {}, rf {}, vnodes {})", impl->node_id,
              options.cluster, impl->uri, options.data_dir, options.ring.replication_factor,
              options.ring.vnodes_per_node);

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
@@ -158,7 +159,7 @@ Heartbeat Node::Impl::MakeHeartbeatLocked(Heartbeat::Kind kind, uint64_t sequenc
   hb.node_id = node_id;
   hb.sequence = sequence;
   hb.kind = kind;
-  hb.raft_address = options.raft_address;
+  if (raft_listening) hb.raft_address = options.raft_address;
   hb.members_digest = GossipDigest(members);
   hb.trees_digest = GossipDigest(known_trees);
   if (kind != Heartbeat::Kind::kProbe) {
@@ -315,11 +316,29 @@ void Node::Impl::MaintenanceLoop() {
       if (!it->second->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(it);
     }
     std::map<std::string, std::string> peers;
+    bool announce_raft = false;
     {
       std::lock_guard<std::mutex> lock(mu);
       peers = members;
+      announce_raft = std::exchange(raft_announce_due, false);
     }
     peers.erase(node_id);
+    // Raft just started listening: tell every member its address now (the
+    // raft leader adds a joiner as soon as it hears it), not one probe
+    // target per round.
+    for (const auto& [id, peer_uri] : announce_raft ? peers : std::map<std::string, std::string>{}) {
+      if (stopping) break;
+      auto* conn = link_to(id, peer_uri);
+      if (!conn) continue;
+      Heartbeat hb;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, 0, 0);
+      }
+      std::string encoded = Encode(hb);
+      metrics->MembershipSent(encoded.size());
+      if (!conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(id);
+    }
     for (auto it = links.begin(); it != links.end();) {
       it = peers.count(it->first) ? std::next(it) : links.erase(it);
     }
@@ -434,7 +453,8 @@ void Node::Impl::MaintenanceLoop() {
     ReapWorkers();
     auto elapsed = Clock::now() - round_start;
     if (elapsed < interval) {
-      SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(interval - elapsed));
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait_for(lock, interval - elapsed, [&] { return stopping.load() || raft_announce_due; });
     }
   }
   for (auto& [id, c] : links) c->Close();

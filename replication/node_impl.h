@@ -270,6 +270,11 @@ struct Node::Impl {
   // ---- metadata service (optional; with --raft) ----
   std::unique_ptr<meta::MetadataService> meta;
   std::atomic<bool> meta_synced{false};
+  // Raft started (meta->AwaitStarted): heartbeats carry options.raft_address
+  // from then on, never before, so that the raft leader adding this node
+  // finds it listening (a failed dial waits libraft's retry delay).
+  bool raft_listening = false;     // (mu)
+  bool raft_announce_due = false;  // (mu) the maintenance loop tells every member now
   uint64_t meta_watch = 0;
   std::map<std::string, meta::TreeLeader> meta_trees;  // (mu)
   std::map<std::string, std::string> peer_raft;        // node id -> raft address (mu)

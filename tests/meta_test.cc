@@ -386,6 +386,71 @@ TEST(MetadataServiceTest, AddressInUseFailsCleanly) {
   }
 }
 
+// A service started in the background answers at once as a member that
+// knows nothing yet; what is asked before raft runs waits and is served
+// once it does.
+TEST(MetadataServiceTest, RequestsMadeWhileRaftStartsAreServedOnceItRuns) {
+  testing::TempDir dir;
+  MetaOptions o;
+  o.node_id = 1;
+  o.raft_address = "127.0.0.1:" + std::to_string(FreePort());
+  o.data_dir = dir.File("d");
+  o.initial_members = {{1, o.raft_address}};
+  o.election_timeout_ms = 200;
+  o.heartbeat_timeout_ms = 20;
+  auto started = MetadataService::StartInBackground(o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  MetadataService& m = **started;
+  // Asked right away, before AwaitStarted: a write (which needs a leader,
+  // so it is retried through the election) and a linearizable read.
+  Status put;
+  Result<ClusterState> read = Status::Internal("not read");
+  std::thread writer([&] { put = m.Put("early", "1", Deadline::After(10s)); });
+  std::thread reader([&] { read = m.ReadLinearizable(Deadline::After(10s)); });
+  Status s = m.AwaitStarted();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(m.AwaitStarted().ok());  // idempotent
+  writer.join();
+  reader.join();
+  EXPECT_TRUE(put.ok()) << put.ToString();
+  EXPECT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_TRUE(WaitUntil([&] { return m.ReadLocal().Get("early") == "1"; }, 10s));
+}
+
+// A raft that cannot start (its address is taken) reports it through
+// AwaitStarted, and a request that was waiting for it fails instead of
+// waiting out its deadline.
+TEST(MetadataServiceTest, ABackgroundStartThatFailsFailsWaitingRequests) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  ASSERT_TRUE(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd.get(), 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+  testing::TempDir dir;
+  MetaOptions o;
+  o.node_id = 1;
+  o.raft_address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  o.data_dir = dir.File("d");
+  o.initial_members = {{1, o.raft_address}};
+  auto started = MetadataService::StartInBackground(o);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  MetadataService& m = **started;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto read = m.ReadLinearizable(Deadline::After(30s));
+  EXPECT_FALSE(read.ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << read.status().ToString();
+  Status s = m.AwaitStarted();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("raft_start"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(m.IsRaftLeader());
+  EXPECT_EQ(m.Put("late", "1", Deadline::After(1s)).code(), StatusCode::kAborted);
+  m.Stop();
+}
+
 TEST(MetadataServiceTest, SingleNodeRecoversFromSnapshotAndLog) {
   Cluster c(1);
   {

@@ -162,7 +162,10 @@ class MetadataService::Impl {
     next_proposal_id_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ NowNanos();
   }
 
+  // Checks the options and starts the threads; raft itself starts on the
+  // loop thread (StartRaft), which AwaitStarted waits for.
   Status Init();
+  Status AwaitStarted();
   void Stop();
 
   // ---- posting work to the loop ----
@@ -262,6 +265,8 @@ class MetadataService::Impl {
   static void OnTimer(uv_timer_t* handle);
   static void OnRaftClosed(raft* r);
 
+  Status StartRaft();      // loop thread, before the loop runs
+  void StartAndRunLoop();  // the loop thread's body
   void RunLoop();
   void RunTasks();
   void RefreshView();
@@ -298,6 +303,13 @@ class MetadataService::Impl {
   std::mutex queue_mu_;
   std::deque<std::function<void(bool)>> queue_;
   bool accepting_ = true;
+  bool loop_running_ = false;  // raft started: wake_ may be sent to
+
+  // The outcome of StartRaft, once it is known.
+  std::mutex start_mu_;
+  std::condition_variable start_cv_;
+  bool start_done_ = false;
+  Status start_status_;
 
   // State and raft view, written on the loop thread, read anywhere.
   mutable std::mutex state_mu_;
@@ -361,7 +373,25 @@ Status MetadataService::Impl::Init() {
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
     ::signal(SIGPIPE, SIG_IGN);
   }
+  if (!o.forward_address.empty()) {
+    // Set before the threads start and never replaced: readable anywhere.
+    // Requests that arrive before the loop runs simply wait in the queue.
+    auto server =
+        ForwardServer::Start(o.forward_address, [this](const ForwardRequest& r) { return HandleForward(r); });
+    if (!server.ok()) return server.status();
+    forward_server_ = std::move(server).value();
+  }
+  // libraft's start (its file system probe alone waits ~40 ms for an AIO
+  // context's teardown on some kernels) runs on the loop thread, so that the
+  // caller goes on meanwhile; AwaitStarted reports how it went.
+  loop_thread_ = std::thread([this] { StartAndRunLoop(); });
+  notifier_thread_ = std::thread([this] { NotifierMain(); });
+  notifier_id_ = notifier_thread_.get_id();
+  return Status::Ok();
+}
 
+Status MetadataService::Impl::StartRaft() {
+  const MetaOptions& o = options_;
   int rv = uv_loop_init(&loop_);
   if (rv != 0) return Status::Internal(fmt::format("uv_loop_init: {}", uv_strerror(rv)));
   loop_.data = this;
@@ -453,21 +483,43 @@ Status MetadataService::Impl::Init() {
   }
   rv = uv_timer_start(&timer_, &Impl::OnTimer, 10, 10);
   if (rv != 0) return fail_raft(Status::Internal(fmt::format("uv_timer_start: {}", uv_strerror(rv))));
-  if (!o.forward_address.empty()) {
-    // Set before the threads start and never replaced: readable anywhere.
-    // Requests that arrive before the loop runs simply wait in the queue.
-    auto server =
-        ForwardServer::Start(o.forward_address, [this](const ForwardRequest& r) { return HandleForward(r); });
-    if (!server.ok()) return fail_raft(server.status());
-    forward_server_ = std::move(server).value();
-  }
   RefreshView();
-
-  loop_thread_ = std::thread([this] { RunLoop(); });
-  notifier_thread_ = std::thread([this] { NotifierMain(); });
-  notifier_id_ = notifier_thread_.get_id();
   CANOPY_LOG(kInfo, "meta: node {} raft on {} (dir {})", o.node_id, o.raft_address, o.data_dir);
   return Status::Ok();
+}
+
+void MetadataService::Impl::StartAndRunLoop() {
+  Status started = StartRaft();
+  std::deque<std::function<void(bool)>> refused;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (started.ok()) {
+      loop_running_ = true;
+      // Tasks posted while raft was starting: run them now.
+      if (!queue_.empty()) uv_async_send(&wake_);
+    } else {
+      accepting_ = false;  // later posts fail at once
+      refused.swap(queue_);
+    }
+  }
+  for (auto& task : refused) task(false);
+  {
+    std::lock_guard<std::mutex> lock(start_mu_);
+    start_status_ = started;
+    start_done_ = true;
+  }
+  start_cv_.notify_all();
+  if (!started.ok()) {
+    CANOPY_LOG(kWarn, "meta: node {} could not start raft: {}", options_.node_id, started.ToString());
+    return;
+  }
+  RunLoop();
+}
+
+Status MetadataService::Impl::AwaitStarted() {
+  std::unique_lock<std::mutex> lock(start_mu_);
+  start_cv_.wait(lock, [&] { return start_done_; });
+  return start_status_;
 }
 
 void MetadataService::Impl::RunLoop() {
@@ -491,8 +543,10 @@ void MetadataService::Impl::Stop() {
       accepting_ = false;
     }
     if (loop_thread_.joinable()) {
-      // The stop request goes through the loop like any other task.
-      {
+      // Raft is started (or failed to start) first: a start half done is
+      // never torn down from another thread.
+      if (AwaitStarted().ok()) {
+        // The stop request goes through the loop like any other task.
         std::lock_guard<std::mutex> lock(queue_mu_);
         queue_.push_back([this](bool) {
           closing_ = true;
@@ -538,8 +592,9 @@ bool MetadataService::Impl::Post(std::function<void(bool)> task) {
   }
   queue_.push_back(std::move(task));
   // Sent under the lock: Stop() flips accepting_ under it before the loop
-  // can close wake_, so no send ever hits a closed handle.
-  uv_async_send(&wake_);
+  // can close wake_, so no send ever hits a closed handle. While raft is
+  // still starting the task waits: the loop thread wakes itself once it is.
+  if (loop_running_) uv_async_send(&wake_);
   return true;
 }
 
@@ -1119,10 +1174,18 @@ MetadataService::MetadataService(std::unique_ptr<Impl> impl) : impl_(std::move(i
 MetadataService::~MetadataService() { Stop(); }
 
 Result<std::unique_ptr<MetadataService>> MetadataService::Start(const MetaOptions& options) {
+  CANOPY_ASSIGN_OR_RETURN(auto service, StartInBackground(options));
+  CANOPY_RETURN_IF_ERROR(service->AwaitStarted());  // on failure the destructor stops the threads
+  return service;
+}
+
+Result<std::unique_ptr<MetadataService>> MetadataService::StartInBackground(const MetaOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   CANOPY_RETURN_IF_ERROR(impl->Init());
   return std::unique_ptr<MetadataService>(new MetadataService(std::move(impl)));
 }
+
+Status MetadataService::AwaitStarted() { return impl_->AwaitStarted(); }
 
 void MetadataService::Stop() {
   if (impl_) impl_->Stop();

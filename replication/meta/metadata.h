@@ -100,6 +100,19 @@ class MetadataService {
   // PermissionDenied (data dir), Unavailable (address in use), Internal.
   static Result<std::unique_ptr<MetadataService>> Start(const MetaOptions& options);
 
+  // Start without waiting for raft: checks the options, creates the data
+  // dir and starts the forward server and the threads, then returns while
+  // raft starts on the loop thread (libraft's start probes the data dir's
+  // file system, ~40 ms on some kernels). Until raft runs, the service
+  // answers as a member that knows nothing yet: not the raft leader, no
+  // leader or members known, ReadLocal() empty; requests wait in the queue
+  // (within their deadlines) and run once it does. Errors: those of the
+  // checks above. AwaitStarted() then reports the rest.
+  static Result<std::unique_ptr<MetadataService>> StartInBackground(const MetaOptions& options);
+  // Blocks until raft has started (Ok) or failed to (Start's errors; the
+  // service then fails every request with Aborted). Any thread; idempotent.
+  Status AwaitStarted();
+
   // Stops raft (flushing what it has), joins the threads. Idempotent; the
   // destructor calls it. Calls in flight or later fail with Aborted.
   // REQUIRES: not called from inside a watch callback.
