@@ -36,6 +36,7 @@ void Node::Impl::AddMemberLocked(const std::string& id, const std::string& membe
   bool is_new = it == members.end();
   members[id] = member_uri;
   if (is_new) {
+    if (id != node_id) member_round_due = true;
     (void)ring.AddNode(id);
     CANOPY_LOG(kInfo, "node {}: member {} at {} joined the ring ({} nodes)", node_id, id, member_uri,
                ring.node_count());
@@ -57,6 +58,8 @@ Node::Impl::Leadership Node::Impl::LeadershipLocked(const std::string& tree) con
   if (meta) {
     auto it = meta_trees.find(tree);
     if (it != meta_trees.end()) return {std::to_string(it->second.leader_node), it->second.epoch};
+    auto hint = hinted_leaders.find(tree);
+    if (hint != hinted_leaders.end()) return hint->second;
   }
   auto owners = ring.Owners(tree);
   return {owners.empty() ? std::string() : owners[0], kFirstEpoch};
@@ -130,6 +133,7 @@ void Node::Impl::RefreshMetrics() {
 
 void Node::Impl::OnHeartbeat(const Heartbeat& hb) {
   bool new_raft_address = false;
+  bool new_hint = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (hb.node_id == node_id) return;
@@ -141,7 +145,13 @@ void Node::Impl::OnHeartbeat(const Heartbeat& hb) {
     }
     for (const auto& [id, member_uri] : hb.members) AddMemberLocked(id, member_uri);
     for (const auto& t : hb.trees) {
-      if (tree::Store::ValidateTreeName(t.tree).ok()) known_trees.insert(t.tree);
+      if (!tree::Store::ValidateTreeName(t.tree).ok()) continue;
+      known_trees.insert(t.tree);
+      // The sender leads t (every HEARTBEAT that lists trees is a leader's).
+      if (!meta || meta_trees.count(t.tree)) continue;
+      auto [hint, inserted] = hinted_leaders.try_emplace(t.tree, Leadership{hb.node_id, t.epoch});
+      if (!inserted && t.epoch > hint->second.epoch) hint->second = {hb.node_id, t.epoch};
+      new_hint |= inserted;
     }
     for (const auto& name : hb.tree_names) {
       if (tree::Store::ValidateTreeName(name).ok()) known_trees.insert(name);
@@ -151,6 +161,8 @@ void Node::Impl::OnHeartbeat(const Heartbeat& hb) {
   // not at the end of its next maintenance round (the joiner learns its
   // trees' leaders and epochs only once it is in the group).
   if (new_raft_address) AddRaftMembers();
+  // Trees whose leader just became known: follow them now.
+  if (new_hint) StartReplicas();
 }
 
 Heartbeat Node::Impl::MakeHeartbeatLocked(Heartbeat::Kind kind, uint64_t sequence, uint64_t peer_members_digest,
@@ -454,7 +466,9 @@ void Node::Impl::MaintenanceLoop() {
     auto elapsed = Clock::now() - round_start;
     if (elapsed < interval) {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, interval - elapsed, [&] { return stopping.load() || raft_announce_due; });
+      cv.wait_for(lock, interval - elapsed,
+                  [&] { return stopping.load() || raft_announce_due || member_round_due; });
+      member_round_due = false;
     }
   }
   for (auto& [id, c] : links) c->Close();

@@ -275,6 +275,9 @@ struct Node::Impl {
   // finds it listening (a failed dial waits libraft's retry delay).
   bool raft_listening = false;     // (mu)
   bool raft_announce_due = false;  // (mu) the maintenance loop tells every member now
+  // A new member joined: the maintenance loop runs a round now, so that the
+  // trees this node leads and the newcomer owns are hinted to it at once.
+  bool member_round_due = false;  // (mu)
   uint64_t meta_watch = 0;
   std::map<std::string, meta::TreeLeader> meta_trees;  // (mu)
   std::map<std::string, std::string> peer_raft;        // node id -> raft address (mu)
@@ -330,6 +333,11 @@ struct Node::Impl {
     uint64_t epoch = 0;
     bool operator==(const Leadership&) const = default;
   };
+  // Leaders' own claims (a HEARTBEAT's trees: "I lead t at
+  // epoch e"), used for a tree the metadata does not know yet (a joiner
+  // before its raft caught up), before the ring's guess. A stale claim only
+  // costs a refused SUBSCRIBE; the metadata, once it knows the tree, wins.
+  std::map<std::string, Leadership> hinted_leaders;  // (mu)
   std::string MembersPath() const { return JoinPath(options.data_dir, "members"); }
   std::string EpochsPath() const { return JoinPath(options.data_dir, "epochs"); }
   void PersistMembersLocked();
