@@ -240,6 +240,33 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// The options of a one-member group on `address`, its data under `dir`.
+MetaOptions OneMemberOptions(const std::string& address, const testing::TempDir& dir) {
+  MetaOptions o;
+  o.node_id = 1;
+  o.raft_address = address;
+  o.data_dir = dir.File("d");
+  o.initial_members = {{1, address}};
+  return o;
+}
+
+// A socket listening on a free loopback port, which it holds while it lives;
+// *address is "127.0.0.1:<port>". An invalid fd on failure.
+UniqueFd ListenOnLoopback(std::string* address) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  if (!fd) return fd;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 1) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return UniqueFd();
+  }
+  *address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  return fd;
+}
+
 bool WaitUntil(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
   Deadline deadline = Deadline::After(timeout);
   while (!deadline.expired()) {
@@ -364,21 +391,11 @@ TEST(MetadataServiceTest, RejectsBadOptions) {
 
 TEST(MetadataServiceTest, AddressInUseFailsCleanly) {
   // Hold a listening socket on the port raft wants.
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  std::string taken;
+  UniqueFd fd = ListenOnLoopback(&taken);
   ASSERT_TRUE(fd);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd.get(), 1), 0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
   testing::TempDir dir;
-  MetaOptions o;
-  o.node_id = 1;
-  o.raft_address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  o.data_dir = dir.File("d");
-  o.initial_members = {{1, o.raft_address}};
+  MetaOptions o = OneMemberOptions(taken, dir);
   auto s = MetadataService::Start(o);
   EXPECT_FALSE(s.ok());
   if (!s.ok()) {
@@ -391,11 +408,7 @@ TEST(MetadataServiceTest, AddressInUseFailsCleanly) {
 // once it does.
 TEST(MetadataServiceTest, RequestsMadeWhileRaftStartsAreServedOnceItRuns) {
   testing::TempDir dir;
-  MetaOptions o;
-  o.node_id = 1;
-  o.raft_address = "127.0.0.1:" + std::to_string(FreePort());
-  o.data_dir = dir.File("d");
-  o.initial_members = {{1, o.raft_address}};
+  MetaOptions o = OneMemberOptions("127.0.0.1:" + std::to_string(FreePort()), dir);
   o.election_timeout_ms = 200;
   o.heartbeat_timeout_ms = 20;
   auto started = MetadataService::StartInBackground(o);
@@ -421,21 +434,11 @@ TEST(MetadataServiceTest, RequestsMadeWhileRaftStartsAreServedOnceItRuns) {
 // AwaitStarted, and a request that was waiting for it fails instead of
 // waiting out its deadline.
 TEST(MetadataServiceTest, ABackgroundStartThatFailsFailsWaitingRequests) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM, 0));
+  std::string taken;
+  UniqueFd fd = ListenOnLoopback(&taken);
   ASSERT_TRUE(fd);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd.get(), 1), 0);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
   testing::TempDir dir;
-  MetaOptions o;
-  o.node_id = 1;
-  o.raft_address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  o.data_dir = dir.File("d");
-  o.initial_members = {{1, o.raft_address}};
+  MetaOptions o = OneMemberOptions(taken, dir);
   auto started = MetadataService::StartInBackground(o);
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   MetadataService& m = **started;
