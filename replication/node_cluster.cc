@@ -284,6 +284,21 @@ void Node::Impl::MaintenanceLoop() {
     return conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded);
   };
 
+  // Our full view (members, trees, the raft address once raft listens),
+  // sent unasked to member `id` on `conn`: a joiner is added to the
+  // metadata raft, and so learns its trees' leaders, as soon as the raft
+  // leader hears it. A failed send drops the link.
+  auto introduce = [&](const std::string& id, transport::Connection* conn) {
+    Heartbeat hb;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, 0, 0);
+    }
+    std::string encoded = Encode(hb);
+    metrics->MembershipSent(encoded.size());
+    if (!conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(id);
+  };
+
   while (!stopping) {
     const auto round_start = Clock::now();
     // Seeds whose id we do not know yet.
@@ -311,21 +326,11 @@ void Node::Impl::MaintenanceLoop() {
       }
     }
     // Introduce ourselves to every seed at once (members, trees, the raft
-    // address), not one probe target per round: a joiner is added to the
-    // metadata raft, and so learns its trees' leaders, as soon as the raft
-    // leader hears of it.
+    // address once raft listens), not one probe target per round.
     for (const auto& id : resolved) {
       if (stopping) break;
       auto it = links.find(id);
-      if (it == links.end()) continue;
-      Heartbeat hb;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, 0, 0);
-      }
-      std::string encoded = Encode(hb);
-      metrics->MembershipSent(encoded.size());
-      if (!it->second->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(it);
+      if (it != links.end()) introduce(id, it->second.get());
     }
     std::map<std::string, std::string> peers;
     bool announce_raft = false;
@@ -338,18 +343,11 @@ void Node::Impl::MaintenanceLoop() {
     // Raft just started listening: tell every member its address now (the
     // raft leader adds a joiner as soon as it hears it), not one probe
     // target per round.
-    for (const auto& [id, peer_uri] : announce_raft ? peers : std::map<std::string, std::string>{}) {
-      if (stopping) break;
-      auto* conn = link_to(id, peer_uri);
-      if (!conn) continue;
-      Heartbeat hb;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        hb = MakeHeartbeatLocked(Heartbeat::Kind::kOneWay, ++seq, 0, 0);
+    if (announce_raft) {
+      for (const auto& [id, peer_uri] : peers) {
+        if (stopping) break;
+        if (auto* conn = link_to(id, peer_uri)) introduce(id, conn);
       }
-      std::string encoded = Encode(hb);
-      metrics->MembershipSent(encoded.size());
-      if (!conn->Send(static_cast<uint16_t>(MessageType::kHeartbeat), encoded).ok()) links.erase(id);
     }
     for (auto it = links.begin(); it != links.end();) {
       it = peers.count(it->first) ? std::next(it) : links.erase(it);
