@@ -9,7 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace canopy::replication;
   if (size < 1) return 0;
   std::string_view p(reinterpret_cast<const char*>(data + 1), size - 1);
-  switch (data[0] % 23) {
+  switch (data[0] % 24) {
     case 0: (void)DecodeHello(p); break;
     case 1: (void)DecodeChallenge(p); break;
     case 2: (void)DecodeAuth(p); break;
@@ -33,6 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 20: (void)DecodeDeltaBatchView(p); break;
     case 21: (void)DecodeDeltaRecords(p); break;
     case 22: (void)DecodeSnapshotFile(p); break;
+    case 23: (void)DecodeCheckpointRequest(p); break;
   }
   return 0;
 }

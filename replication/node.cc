@@ -331,6 +331,10 @@ Status Node::Impl::ServeMessages(transport::Connection& conn, const PeerIdentity
         CANOPY_ASSIGN_OR_RETURN(Subscribe sub, DecodeSubscribe(m->payload));
         return LeadStream(conn, peer, sub);
       }
+      if (type == MessageType::kCheckpointRequest) {
+        CANOPY_ASSIGN_OR_RETURN(CheckpointRequest req, DecodeCheckpointRequest(m->payload));
+        return ServeCheckpoint(conn, peer, req);
+      }
     }
     switch (type) {
       case MessageType::kCommitRequest: {

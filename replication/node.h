@@ -113,6 +113,12 @@ struct NodeOptions {
   // stream's next message may pay; raise it on emulated machines, where
   // every wake-up is costly).
   std::chrono::microseconds one_sided_poll_max{1000};
+  // Node join from every owner: a tree this node owns but does not hold yet
+  // is fetched as a checkpoint file from whichever of its owners, leader
+  // included, is sending the fewest of this node's files, then followed
+  // from the leader (the deltas after the file). Off: every file comes from
+  // the tree's leader. Either way a failed fetch falls back to the leader.
+  bool join_from_every_owner = true;
 };
 
 class Node {

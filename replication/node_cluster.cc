@@ -84,6 +84,7 @@ void Node::Impl::PersistEpochsLocked() {
 
 void Node::Impl::SetDataEpochLocked(const std::string& tree, uint64_t epoch) {
   auto& t = trees[tree];
+  if (epoch != 0) t.fetched_data_epoch = 0;
   if (t.data_epoch == epoch) return;
   t.data_epoch = epoch;
   PersistEpochsLocked();

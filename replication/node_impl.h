@@ -244,6 +244,11 @@ struct Node::Impl {
     uint64_t data_epoch = 0;
     uint64_t predecessor_epoch = 0;
     uint64_t takeover_version = 0;
+    // Joiner: the data epoch of the owner whose checkpoint file we installed
+    // untagged (FetchCheckpoint), offered in SUBSCRIBE instead of data_epoch
+    // while that is 0, for the leader's trust rule; not a claim for reads or
+    // failover. Cleared once data_epoch is set or a snapshot replaces the copy.
+    uint64_t fetched_data_epoch = 0;
     // Replica: the leader and epoch our follow loop is streaming from right
     // now (following = subscribed and receiving), for TREE_STATE_REPLY.
     bool following = false;
@@ -409,9 +414,15 @@ struct Node::Impl {
   // (SNAPSHOT_FILE), writing a checkpoint first when none is usable. False
   // (nothing sent) when there is no file to send; an error only from the
   // connection.
+  // `resume` is the replica's offer to continue a file it holds part of
+  // (Subscribe, CheckpointRequest). A file older than `min_version` counts
+  // as stale; `data_epoch` goes into the SNAPSHOT_FILE (CheckpointRequest).
+  struct ResumeOffer {
+    uint64_t version = 0, bytes = 0, digest = 0, offset = 0;
+  };
   Result<bool> SendSnapshotFile(transport::Connection& conn, const std::string& replica,
                                 const std::string& tree_name, uint64_t epoch, uint64_t* sent,
-                                const Subscribe* resume);
+                                const ResumeOffer& resume, uint64_t min_version = 0, uint64_t data_epoch = 0);
   // Receives the bulk bytes of SNAPSHOT_FILE `m` straight into the store's
   // file (SnapshotFileInstaller), checking each block as it lands and
   // repeating `keepalive` (the last ACK) once per heartbeat. Returns the
@@ -421,8 +432,27 @@ struct Node::Impl {
   Result<std::unique_ptr<tree::SnapshotFileInstaller>> ReceiveSnapshotFile(
       transport::Connection& conn, const std::string& tree_name, const std::string& leader,
       const transport::Message& m, const SnapshotFile& f, const std::function<Status()>& keepalive);
+  // The resume offer for `tree_name`: the store's partial file of it (all 0: none).
+  ResumeOffer PartialFileOffer(const std::string& tree_name);
   // Fills the resume offer of `sub` from the store's partial file of its tree.
   void OfferResume(Subscribe* sub);
+  // Node join from every owner (NodeOptions::join_from_every_owner).
+  // As an owner that is not the leader: answers a CHECKPOINT_REQUEST with
+  // our checkpoint file while we follow its epoch's leader (protocol.h),
+  // else ERROR.
+  Status ServeCheckpoint(transport::Connection& conn, const PeerIdentity& peer, const CheckpointRequest& req);
+  // As the joiner: the owner to fetch `tree_name`'s file from, the one
+  // (leader `l.leader` included, preferred on a tie) that is sending us the
+  // fewest files; recorded in checkpoint_sources. REQUIRES mu.
+  std::string PickCheckpointSourceLocked(const std::string& tree_name, const Leadership& l);
+  // Fetches and installs `source`'s checkpoint file of `tree_name` (an owner
+  // that is not its leader). Tagged with l.epoch when the owner's copy was
+  // of that epoch and the file holds what the leader held at takeover; else
+  // untagged, with fetched_data_epoch set. Any error leaves the tree to the
+  // leader.
+  Status FetchCheckpoint(const std::string& tree_name, const Leadership& l, const std::string& source,
+                         const std::string& source_uri);
+  std::map<std::string, std::string> checkpoint_sources;  // (mu) tree -> the owner we fetch its file from
   // At most snapshot_file_slots checkpoint files are prepared by this node
   // at once (a checkpoint written on demand holds a whole block in memory);
   // the other streams wait for a slot, heartbeating. Bounds the leader's

@@ -51,9 +51,15 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
   // Pause between failed attempts: short at first (a leader that restarts,
   // a new leader that is about to be known), up to 100 ms.
   auto pause = std::chrono::milliseconds(0);
+  // A tree we do not hold yet is fetched from the owner that sends us the
+  // fewest files (node join from every owner), then followed from its
+  // leader; the leader sends it itself when it is that owner, or after a
+  // failed fetch.
+  Leadership fetch_tried_for;
   while (!stopping) {
     Leadership l;
     std::string leader_uri;
+    std::string source, source_uri;
     bool held = false;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -63,7 +69,26 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
       if (!owner || l.leader == node_id || l.leader.empty()) break;
       leader_uri = UriOfLocked(l.leader);
       held = HeldLocked(tree_name, l);
+      // Once per leadership: an owner refuses a leadership it does not
+      // share (a ring's guess the metadata then corrects, say).
+      if (options.join_from_every_owner && !(fetch_tried_for == l) && !held && !leader_uri.empty() &&
+          (!store->HasTree(tree_name) || store->LatestVersion(tree_name).value_or(0) == 0)) {
+        fetch_tried_for = l;
+        source = PickCheckpointSourceLocked(tree_name, l);
+        if (source == l.leader) source.clear();
+        source_uri = source.empty() ? std::string() : UriOfLocked(source);
+      }
     }
+    if (!source.empty()) {
+      Status f = FetchCheckpoint(tree_name, l, source, source_uri);
+      if (!f.ok() && !stopping) {
+        CANOPY_LOG(kInfo, "node {}: no checkpoint of {} from owner {} ({}); asking its leader {}", node_id,
+                   tree_name, source, f.ToString(), l.leader);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      checkpoint_sources.erase(tree_name);
+    }
+    if (stopping) break;
     bool reached = false;
     Status s;
     if (held) {
@@ -96,6 +121,7 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
   }
   std::lock_guard<std::mutex> lock(mu);
   trees[tree_name].replica_running = false;
+  checkpoint_sources.erase(tree_name);
 }
 
 Status Node::Impl::SendAck(transport::Connection& conn, const std::string& tree_name, uint64_t epoch,
@@ -139,7 +165,10 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   uint64_t takeover_version = 0;
   {
     std::lock_guard<std::mutex> lock(mu);
-    data_epoch = trees[tree_name].data_epoch;
+    const auto& t = trees[tree_name];
+    // A file fetched from another owner, untagged: offer that owner's epoch
+    // (FetchCheckpoint; the leader's trust rule judges it).
+    data_epoch = t.data_epoch != 0 ? t.data_epoch : t.fetched_data_epoch;
     auto it = meta_trees.find(tree_name);
     if (it != meta_trees.end() && it->second.epoch == epoch) takeover_version = it->second.leader_version;
   }
@@ -189,11 +218,19 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
   // tagged early, it would outrank a copy holding newer acknowledged writes.
   // Once tagged, the tag stays for the rest of this stream (only this loop
   // sets a follower's data epoch), so later deltas take no second lock.
+  // The first data applied also ends this tree's claim on the leader as a
+  // source of our join's files (checkpoint_sources).
   bool tagged = false;
+  bool source_released = false;
   auto tag_data = [&](uint64_t version) {
-    if (tagged || version < takeover_version) return;
+    const bool tag = !tagged && version >= takeover_version;
+    if (!tag && source_released) return;
     std::lock_guard<std::mutex> lock(mu);
-    if (!(LeadershipLocked(tree_name) == l)) return;
+    if (!source_released) {
+      checkpoint_sources.erase(tree_name);
+      source_released = true;
+    }
+    if (!tag || !(LeadershipLocked(tree_name) == l)) return;
     SetDataEpochLocked(tree_name, epoch);
     tagged = true;
   };
@@ -376,6 +413,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         {
           std::lock_guard<std::mutex> lock(mu);
           ++trees[tree_name].snapshots_received;
+          trees[tree_name].fetched_data_epoch = 0;  // the leader's copy now
         }
         ++snapshots_installed;
         metrics->SnapshotInstalled(snapshot_bytes);
@@ -396,6 +434,7 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
         {
           std::lock_guard<std::mutex> lock(mu);
           ++trees[tree_name].snapshots_received;
+          trees[tree_name].fetched_data_epoch = 0;  // the leader's copy now
         }
         ++snapshots_installed;
         metrics->SnapshotInstalled(f.file_bytes - f.offset);

@@ -12,10 +12,12 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
+#include "transport/registry.h"
 
 namespace canopy::replication {
 namespace {
@@ -117,7 +119,8 @@ class SnapshotFileSlot {
 
 Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std::string& replica,
                                           const std::string& tree_name, uint64_t epoch, uint64_t* sent,
-                                          const Subscribe* resume) {
+                                          const ResumeOffer& resume, uint64_t min_version,
+                                          uint64_t data_epoch) {
   CANOPY_ASSIGN_OR_RETURN(uint64_t latest, store->LatestVersion(tree_name));
   if (latest == 0) return false;  // the empty tree: nothing worth a file
   // Usable: a file of a version after the empty tree (the WAL holds every
@@ -130,6 +133,7 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
   // them: no WAL is read here.
   const uint64_t floor = store->options().checkpoint_wal_bytes;
   auto stale = [&](const tree::CheckpointFile& f) {
+    if (f.info.version < min_version) return true;
     if (f.info.version == latest) return false;
     return tree::CheckpointIsStale(f.info.bytes, f.wal_bytes_after, floor);
   };
@@ -169,10 +173,11 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
     if (!usable(file)) return false;  // sent as blocks instead
   }
   const tree::CheckpointFileInfo& info = file->info;
+  if (info.version < min_version) return false;
   uint64_t offset = 0;
-  if (resume && resume->partial_version == info.version && resume->partial_bytes == info.bytes &&
-      resume->partial_digest == info.digest && resume->partial_offset < info.bytes) {
-    offset = resume->partial_offset;
+  if (resume.version == info.version && resume.bytes == info.bytes && resume.digest == info.digest &&
+      resume.offset < info.bytes) {
+    offset = resume.offset;
   }
   CANOPY_LOG(kInfo, "node {}: sending checkpoint file of {} at version {} ({} bytes{}) to replica {}", node_id,
              tree_name, info.version, info.bytes,
@@ -182,7 +187,7 @@ Result<bool> Node::Impl::SendSnapshotFile(transport::Connection& conn, const std
   slot.Release();
   // A failed heartbeat means the replica is gone; SendWithBulk says so too.
   (void)heartbeats.Stop();
-  SnapshotFile msg{tree_name, epoch, info.version, info.bytes, info.digest, offset};
+  SnapshotFile msg{tree_name, epoch, info.version, info.bytes, info.digest, offset, data_epoch};
   CANOPY_RETURN_IF_ERROR(conn.SendWithBulk(static_cast<uint16_t>(MessageType::kSnapshotFile), Encode(msg),
                                            transport::BulkSource::FromFile(file->fd.get(), offset,
                                                                            info.bytes - offset)));
@@ -217,7 +222,8 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
   // heartbeat, from a thread of its own so that a slow piece (a loaded
   // machine, a slow disk) cannot make the leader drop a transfer that is
   // progressing. Send may run beside ReceiveBulk (transport.h).
-  Repeater acks(options.heartbeat_interval, keepalive);
+  std::optional<Repeater> acks;
+  if (keepalive) acks.emplace(options.heartbeat_interval, keepalive);
   // After each piece, the blocks now complete are checked (Landed).
   Status s = ReceiveBulkInPieces(
       conn, f.offset, f.file_bytes, topts.io_timeout,
@@ -232,19 +238,159 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
         Heard(leader);
         return Status::Ok();
       });
-  Status keepalive_status = acks.Stop();
+  Status keepalive_status = acks ? acks->Stop() : Status::Ok();
   if (!s.ok()) return s;
   if (!keepalive_status.ok()) return keepalive_status;
   return installer;
 }
 
+Node::Impl::ResumeOffer Node::Impl::PartialFileOffer(const std::string& tree_name) {
+  auto partial = store->PartialCheckpointFile(tree_name);
+  if (!partial.ok()) return {};
+  return {partial->info.version, partial->info.bytes, partial->info.digest, partial->held};
+}
+
 void Node::Impl::OfferResume(Subscribe* sub) {
-  auto partial = store->PartialCheckpointFile(sub->tree);
-  if (!partial.ok()) return;
-  sub->partial_version = partial->info.version;
-  sub->partial_bytes = partial->info.bytes;
-  sub->partial_digest = partial->info.digest;
-  sub->partial_offset = partial->held;
+  const ResumeOffer offer = PartialFileOffer(sub->tree);
+  sub->partial_version = offer.version;
+  sub->partial_bytes = offer.bytes;
+  sub->partial_digest = offer.digest;
+  sub->partial_offset = offer.offset;
+}
+
+// ---- node join from every owner ----
+//
+// A follower's copy of a tree tagged with data epoch D is the history of D's
+// leader (node_replica.cc, tag_data: tagged once it held what that leader
+// held at takeover, every later version from that leader; a copy whose
+// history was not the leader's was replaced by its snapshot first), and so
+// is any checkpoint file of it. The joiner installs such a file and
+// subscribes to the current leader from its version offering D, which the
+// leader trusts by the rule it applies to any replica (node_leader.cc: its
+// own epoch, or its predecessor's up to the takeover version) or else
+// resyncs by snapshot. The joiner's own tag, used by QUORUM reads and
+// failover, is only set where it holds: D is the current epoch and the file
+// reaches that epoch's takeover version (an owner of that epoch sends a file
+// at least that new, writing one if need be).
+
+Status Node::Impl::ServeCheckpoint(transport::Connection& conn, const PeerIdentity& peer,
+                                   const CheckpointRequest& req) {
+  std::string refusal;
+  uint64_t data_epoch = 0;
+  uint64_t min_version = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    HeardLocked(peer.node_id);
+    const Leadership l = LeadershipLocked(req.tree);
+    auto it = trees.find(req.tree);
+    if (l.leader == node_id) {
+      refusal = "leads it (subscribe instead)";
+    } else if (l.epoch != req.epoch) {
+      refusal = fmt::format("knows epoch {} of it, not {}", l.epoch, req.epoch);
+    } else if (it == trees.end() || !it->second.following || it->second.following_epoch != req.epoch) {
+      refusal = fmt::format("is not following its leader of epoch {}", req.epoch);
+    } else if (it->second.data_epoch == 0) {
+      refusal = "holds no data of a known epoch";
+    } else {
+      data_epoch = it->second.data_epoch;
+      auto m = meta_trees.find(req.tree);
+      if (data_epoch == req.epoch && m != meta_trees.end() && m->second.epoch == req.epoch)
+        min_version = m->second.leader_version;
+    }
+  }
+  if (refusal.empty()) {
+    uint64_t sent = 0;
+    const ResumeOffer offer{req.partial_version, req.partial_bytes, req.partial_digest, req.partial_offset};
+    CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, req.node_id, req.tree, req.epoch, &sent,
+                                                             offer, min_version, data_epoch));
+    if (!file_sent) refusal = fmt::format("has no checkpoint file of it at version {} or later", min_version);
+  }
+  if (!refusal.empty()) {
+    SendError(conn, Status::Unavailable(fmt::format("node {} cannot send its checkpoint of {}: it {}",
+                                                    node_id, req.tree, refusal)));
+    return Status::Ok();
+  }
+  // The joiner closes once it has the file: closing first could cut what is
+  // still on its way on some transports.
+  auto m = conn.Receive(Deadline::After(options.failure_timeout));
+  if (m.ok()) return UnexpectedMessage(*m, "the end of the stream");
+  return Status::Ok();
+}
+
+std::string Node::Impl::PickCheckpointSourceLocked(const std::string& tree_name, const Leadership& l) {
+  std::map<std::string, size_t> sending;  // owner -> files we fetch from it
+  for (const auto& [tree, source] : checkpoint_sources) ++sending[source];
+  std::string best = l.leader;
+  for (const auto& owner : OwnersLocked(tree_name)) {
+    if (owner == node_id || owner == l.leader || UriOfLocked(owner).empty() || !AliveLocked(owner)) continue;
+    if (sending[owner] < sending[best]) best = owner;
+  }
+  checkpoint_sources[tree_name] = best;
+  return best;
+}
+
+Status Node::Impl::FetchCheckpoint(const std::string& tree_name, const Leadership& l,
+                                   const std::string& source, const std::string& source_uri) {
+  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(source_uri, topts));
+  if (!Register(conn.get())) return Status::Aborted("stopping");
+  Status s = [&]() -> Status {
+    CANOPY_ASSIGN_OR_RETURN(PeerIdentity id, DialerHandshake(*conn, hs, DialHandshakeDeadline()));
+    Heard(id.node_id);
+    if (id.node_id != source) {
+      return Status::Unavailable(
+          fmt::format("{} answers as node {}, expected owner {}", conn->peer_uri(), id.node_id, source));
+    }
+    const ResumeOffer offer = PartialFileOffer(tree_name);
+    CheckpointRequest req{tree_name,   l.epoch,      node_id,     offer.version,
+                          offer.bytes, offer.digest, offer.offset};
+    CANOPY_RETURN_IF_ERROR(SendMessage(*conn, req));
+    while (!stopping) {
+      // The owner heartbeats while it prepares its file (SendSnapshotFile).
+      auto m = conn->Receive(Deadline::After(options.failure_timeout));
+      if (!m.ok()) return m.status();
+      if (m->type == static_cast<uint16_t>(MessageType::kHeartbeat) && m->bulk_bytes == 0) {
+        Heard(source);
+        continue;
+      }
+      if (m->type != static_cast<uint16_t>(MessageType::kSnapshotFile))
+        return UnexpectedMessage(*m, "SNAPSHOT_FILE");
+      CANOPY_ASSIGN_OR_RETURN(SnapshotFile f, DecodeSnapshotFile(m->payload));
+      if (f.epoch != l.epoch) {
+        return Status::Conflict(
+            fmt::format("SNAPSHOT_FILE of epoch {} asked for epoch {}", f.epoch, l.epoch));
+      }
+      // The owner is not receiving meanwhile: nothing to keep alive.
+      CANOPY_ASSIGN_OR_RETURN(auto file, ReceiveSnapshotFile(*conn, tree_name, source, *m, f, nullptr));
+      CANOPY_ASSIGN_OR_RETURN(tree::Version v, file->Finish());
+      if (v.number() != f.version) return Status::Corruption("installed checkpoint file version mismatch");
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = meta_trees.find(tree_name);
+        const uint64_t takeover =
+            it != meta_trees.end() && it->second.epoch == l.epoch ? it->second.leader_version : 0;
+        if (f.data_epoch == l.epoch && v.number() >= takeover) {
+          SetDataEpochLocked(tree_name, l.epoch);
+        } else {
+          // No claim of ours (the copy it replaced went with it); the
+          // leader judges the owner's epoch when we subscribe. An owner that
+          // named none (0) makes the leader resync us by snapshot.
+          SetDataEpochLocked(tree_name, 0);
+          trees[tree_name].fetched_data_epoch = f.data_epoch;
+        }
+        ++trees[tree_name].snapshots_received;
+      }
+      metrics->SnapshotInstalled(f.file_bytes - f.offset);
+      CANOPY_LOG(
+          kInfo,
+          "node {}: installed snapshot of {} at version {} from owner {} (data epoch {}; its leader is {})",
+          node_id, tree_name, v.number(), source, f.data_epoch, l.leader);
+      return Status::Ok();
+    }
+    return Status::Aborted("stopping");
+  }();
+  conn->Close();
+  Unregister(conn.get());
+  return s;
 }
 
 }  // namespace canopy::replication

@@ -176,6 +176,8 @@ std::string MessageTypeName(uint16_t type) {
     case MessageType::kSnapshotEnd: return "SNAPSHOT_END";
     case MessageType::kSnapshotFile: return "SNAPSHOT_FILE";
     case MessageType::kOneSidedAnswer: return "ONE_SIDED_ANSWER";
+    case MessageType::kCheckpointRequest:
+      return "CHECKPOINT_REQUEST";
     case MessageType::kDelta: return "DELTA";
     case MessageType::kDeltaBatch: return "DELTA_BATCH";
     case MessageType::kDeltaRecords: return "DELTA_RECORDS";
@@ -257,6 +259,7 @@ TYPE_OF(SnapshotBegin, kSnapshotBegin)
 TYPE_OF(SnapshotChunk, kSnapshotChunk)
 TYPE_OF(SnapshotEnd, kSnapshotEnd)
 TYPE_OF(SnapshotFile, kSnapshotFile)
+TYPE_OF(CheckpointRequest, kCheckpointRequest)
 TYPE_OF(OneSidedAnswer, kOneSidedAnswer)
 TYPE_OF(Delta, kDelta)
 TYPE_OF(DeltaBatch, kDeltaBatch)
@@ -388,6 +391,33 @@ Result<Subscribe> DecodeSubscribe(std::string_view payload) {
   return m;
 }
 
+std::string Encode(const CheckpointRequest& m) {
+  PayloadWriter w(MessageType::kCheckpointRequest);
+  w.Bytes(m.tree);
+  w.U64(m.epoch);
+  w.Bytes(m.node_id);
+  w.U64(m.partial_version);
+  w.U64(m.partial_bytes);
+  w.U64(m.partial_digest);
+  w.U64(m.partial_offset);
+  return w.Finish();
+}
+Result<CheckpointRequest> DecodeCheckpointRequest(std::string_view payload) {
+  OPEN_OR_RETURN(r, payload, MessageType::kCheckpointRequest);
+  CheckpointRequest m;
+  CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.node_id, r.Bytes(kMaxNameBytes));
+  CANOPY_ASSIGN_OR_RETURN(m.partial_version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_bytes, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(m.partial_offset, r.U64());
+  if (m.partial_offset > m.partial_bytes)
+    return Status::Corruption("CHECKPOINT_REQUEST resume offset past the file's end");
+  CANOPY_RETURN_IF_ERROR(r.Done());
+  return m;
+}
+
 std::string Encode(const OneSidedAnswer& m) {
   PayloadWriter w(MessageType::kOneSidedAnswer);
   w.Bool(m.accepted);
@@ -411,6 +441,7 @@ std::string Encode(const SnapshotFile& m) {
   w.U64(m.file_bytes);
   w.U64(m.digest);
   w.U64(m.offset);
+  if (m.data_epoch != 0) w.U64(m.data_epoch);  // optional: only in answer to CHECKPOINT_REQUEST
   return w.Finish();
 }
 Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload) {
@@ -423,6 +454,10 @@ Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.digest, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.offset, r.U64());
   if (m.offset > m.file_bytes) return Status::Corruption("SNAPSHOT_FILE offset past the file's end");
+  if (!r.AtEnd()) {
+    CANOPY_ASSIGN_OR_RETURN(m.data_epoch, r.U64());
+    if (m.data_epoch == 0) return Status::Corruption("SNAPSHOT_FILE names data epoch 0");
+  }
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

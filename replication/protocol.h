@@ -57,6 +57,10 @@ inline constexpr uint8_t kWireVersion = 1;
 // before), answered by ONE_SIDED_ANSWER (replication/one_sided.h). A node
 // older than that refuses such a SUBSCRIBE as Corruption: turn
 // --one-sided-replication on once every node knows it.
+// 5: DELTA_RECORDS. Still 5, as an extension a joiner falls back from:
+// CHECKPOINT_REQUEST (a checkpoint file from an owner that is not the
+// leader); a node older than that closes the connection on it (unexpected
+// message), and the joiner asks the leader instead.
 inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr size_t kNonceBytes = transport::kAuthNonceBytes;
 inline constexpr size_t kProofBytes = transport::kAuthProofBytes;  // HMAC-SHA256
@@ -82,6 +86,7 @@ enum class MessageType : uint16_t {
   kHeartbeat = 0x0116,
   kSnapshotFile = 0x0117,
   kOneSidedAnswer = 0x0118,
+  kCheckpointRequest = 0x0119,
   kError = 0x011f,
   kCommitRequest = 0x0120,
   kCommitReply = 0x0121,
@@ -214,7 +219,30 @@ struct SnapshotFile {
   uint64_t file_bytes = 0;
   uint64_t digest = 0;  // Version::Digest of the tree at `version`
   uint64_t offset = 0;
+  // In answer to a CHECKPOINT_REQUEST only (else 0, and not on the wire):
+  // the data epoch of the sending owner's copy, whose history the file is.
+  uint64_t data_epoch = 0;
   bool operator==(const SnapshotFile&) const = default;
+};
+
+// A joiner asks an owner of `tree` that is not its leader for the owner's
+// checkpoint file (node join from every owner, node_snapshot_file.cc). The
+// owner answers with SNAPSHOT_FILE (naming its copy's data epoch) and its
+// bulk bytes, then waits for the joiner to close; or with ERROR
+// (Unavailable) when it is not following the leader of `epoch` or holds no
+// data of a known epoch. The joiner then subscribes to the leader from the
+// file's version with that data epoch, which the leader trusts or not by
+// its usual rule (SUBSCRIBE). The partial_* fields are a resume offer, as in
+// SUBSCRIBE.
+struct CheckpointRequest {
+  std::string tree;
+  uint64_t epoch = 0;
+  std::string node_id;  // the asking joiner
+  uint64_t partial_version = 0;
+  uint64_t partial_bytes = 0;
+  uint64_t partial_digest = 0;
+  uint64_t partial_offset = 0;
+  bool operator==(const CheckpointRequest&) const = default;
 };
 
 struct Delta {
@@ -550,6 +578,7 @@ std::string Encode(const SnapshotBegin& m);
 std::string Encode(const SnapshotChunk& m);
 std::string Encode(const SnapshotEnd& m);
 std::string Encode(const SnapshotFile& m);
+std::string Encode(const CheckpointRequest& m);
 std::string Encode(const OneSidedAnswer& m);
 std::string Encode(const Delta& m);
 std::string Encode(const DeltaBatch& m);
@@ -581,6 +610,7 @@ MessageType TypeOf(const SnapshotBegin&);
 MessageType TypeOf(const SnapshotChunk&);
 MessageType TypeOf(const SnapshotEnd&);
 MessageType TypeOf(const SnapshotFile&);
+MessageType TypeOf(const CheckpointRequest&);
 MessageType TypeOf(const OneSidedAnswer&);
 MessageType TypeOf(const Delta&);
 MessageType TypeOf(const DeltaBatch&);
@@ -612,6 +642,7 @@ Result<SnapshotBegin> DecodeSnapshotBegin(std::string_view payload);
 Result<SnapshotChunk> DecodeSnapshotChunk(std::string_view payload);
 Result<SnapshotEnd> DecodeSnapshotEnd(std::string_view payload);
 Result<SnapshotFile> DecodeSnapshotFile(std::string_view payload);
+Result<CheckpointRequest> DecodeCheckpointRequest(std::string_view payload);
 Result<OneSidedAnswer> DecodeOneSidedAnswer(std::string_view payload);
 Result<Delta> DecodeDelta(std::string_view payload);
 Result<DeltaBatch> DecodeDeltaBatch(std::string_view payload);

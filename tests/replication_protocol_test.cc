@@ -84,9 +84,20 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(Subscribe{"tree-1", 4, 0, "2", 3, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSubscribe);
   RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 0}, &DecodeSnapshotFile);
   RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSnapshotFile);
+  RoundTrip(SnapshotFile{"t", 3, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096, 2}, &DecodeSnapshotFile);
+  // Without a data epoch the message is byte for byte the one older nodes know.
+  EXPECT_EQ(Encode(SnapshotFile{"t", 1, 77, 9, 1, 0}).size() + 1,
+            Encode(SnapshotFile{"t", 1, 77, 9, 1, 0, 1}).size());
   // A resume offset past the file's end is malformed, not a huge seek.
   EXPECT_TRUE(DecodeSnapshotFile(Encode(SnapshotFile{"t", 1, 77, 100, 1, 101})).status().IsCorruption());
   EXPECT_TRUE(DecodeSubscribe(Encode(Subscribe{"t", 1, 0, "2", 0, 7, 100, 1, 101})).status().IsCorruption());
+  RoundTrip(CheckpointRequest{"t", 3, "4"}, &DecodeCheckpointRequest);
+  RoundTrip(CheckpointRequest{"t", 3, "4", 77, 1 << 20, 0xfeedfacecafebeefULL, 4096},
+            &DecodeCheckpointRequest);
+  EXPECT_TRUE(DecodeCheckpointRequest(Encode(CheckpointRequest{"t", 3, "4", 7, 100, 1, 101}))
+                  .status()
+                  .IsCorruption());
+  EXPECT_EQ(MessageTypeName(static_cast<uint16_t>(MessageType::kCheckpointRequest)), "CHECKPOINT_REQUEST");
   RoundTrip(Delta{"t", 2, 9, 10, "encoded-delta-bytes"}, &DecodeDelta);
   RoundTrip(DeltaBatch{"t", 2, 10, {"delta-11", "delta-12", std::string(300, 'd')}}, &DecodeDeltaBatch);
   EXPECT_TRUE(DecodeDeltaBatch(Encode(DeltaBatch{"t", 2, 10, {}})).status().IsCorruption());

@@ -25,12 +25,14 @@
 # warm-up (warm_memory below: a file written to BENCH_WORK and deleted), so
 # that on a VM that hands freed pages back to its host none of them pays the
 # first touch of those pages more than another.
-# Each tree reaches the joiner as its leader's checkpoint file sent whole
-# (SNAPSHOT_FILE: sendfile, spliced into the joiner's file; see
-# replication/README.md). The sources' stores checkpoint by themselves as
-# the WAL grows (--checkpoint-wal-bytes, tree/README.md), so a leader sends
-# the newest file it has plus the deltas after it, and writes a fresh one
-# inside the measured time only when those deltas reach half the file.
+# Each tree reaches the joiner as a checkpoint file sent whole (SNAPSHOT_FILE:
+# sendfile, spliced into the joiner's file; see replication/README.md), from
+# whichever of its owners was sending the joiner the fewest files (leaders
+# and followers alike; each run records files_by_source), then the deltas
+# after it from its leader. The sources' stores checkpoint by themselves as
+# the WAL grows (--checkpoint-wal-bytes, tree/README.md), so an owner sends
+# the newest file it has, and writes a fresh one inside the measured time
+# only when the deltas after it reach half the file.
 # On a disk too (issue 15): when BENCH_DISK_DIR (default /var/tmp) is on a
 # block device, each rep also joins with the joiner's data dir there, next to
 # dd on the same file system, once as the machine is and (as root, quick and
@@ -50,6 +52,9 @@ join_mib=$(bench_pick 32 256 1024)  # about this many MiB reach the joiner
 tree_mib=$(bench_pick 4 16 16)      # each tree: tree_mib attributes of 1 MiB in its root
 join_wait=$(bench_pick 60 120 300)  # seconds a join may take before the scenario fails
 failure_ms=1500                     # every node's --failure-ms (the default)
+# JOIN_DD_JOINER_ARGS: extra arguments for the joiner, e.g. --join-from-leader-only
+# (an A/B of where the files come from; recorded in params).
+read -r -a joiner_args <<< "${JOIN_DD_JOINER_ARGS:-}"
 
 work=$BENCH_WORK/join_dd
 pids=()
@@ -184,7 +189,7 @@ join_sample() {
   t0=$(bench_now)
   "$canopy" node --listen "${uris[4]}" --data "$joiner" --node-id 4 --raft "${rafts[4]}" \
     --failure-ms "$failure_ms" "${common[@]}" --seed "${uris[1]}" --seed "${uris[2]}" --seed "${uris[3]}" \
-    --log info > "$jlog" 2>&1 &
+    "${joiner_args[@]}" --log info > "$jlog" 2>&1 &
   local jpid=$!
   pids+=("$jpid")
   # STATUS is not cheap (each node hashes its trees for the digest): ask only
@@ -241,11 +246,15 @@ join_sample() {
   stop_nodes
   bytes=$(du -sb "$joiner" | cut -f1)
   JOIN_BYTES=$bytes
+  # Files per sending node: "receiving snapshot of T at version V from S (checkpoint file, ...".
+  local by_source
+  by_source=$({ grep -o 'receiving snapshot of [^ ]* at version [0-9]* from [^ ]*' "$jlog" || true; } |
+    awk '{ print $NF }' | jq -R . | jq -s -c 'group_by(.) | map({key: .[0], value: length}) | from_entries')
   jq -cn --arg l "$label" --argjson r "$rep" --argjson s "$secs" --argjson st "$stream_s" --argjson b "$bytes" \
-    --argjson sy "$SYNC_SECONDS" --arg dir "$joiner" --argjson cpu "$cpu_s" \
+    --argjson sy "$SYNC_SECONDS" --arg dir "$joiner" --argjson cpu "$cpu_s" --argjson src "$by_source" \
     --argjson n "$(jq -n --argjson s1 "$s1" '[$s1.trees[] | select(.owners | map(tostring) | index("4"))] | length')" \
     '{label: $l, rep: $r, seconds: $s, streaming_seconds: $st, sync_seconds: $sy, bytes: $b, trees_to_joiner: $n,
-      joiner_cpu_seconds: $cpu, dir: $dir}' >> "$runs"
+      joiner_cpu_seconds: $cpu, files_by_source: $src, dir: $dir}' >> "$runs"
   rm -rf "$joiner" "$work/src"
   echo "$(bench_gbps "$bytes" "$secs") $(bench_gbps "$bytes" "$stream_s") $(cpu_per_gb "$cpu_s" "$bytes")"
 }
@@ -407,7 +416,7 @@ as_is="vm.dirty_expire_centisecs $(sysctl -n vm.dirty_expire_centisecs 2>/dev/nu
 jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is "$as_is" \
   --argjson join_mib "$join_mib" --argjson tree_mib "$tree_mib" --argjson trees "$trees" --argjson reps "$reps" \
   --argjson load_s "$load_s" --argjson failure_ms "$failure_ms" --argjson warm_mib "$warm_mib" --argjson cpus "$(nproc)" --arg fs "$fs" \
-  --arg ddv "$(dd --version | head -n 1)" --arg disk_fs "${disk_fs:-none}" \
+  --arg ddv "$(dd --version | head -n 1)" --arg disk_fs "${disk_fs:-none}" --arg jargs "${JOIN_DD_JOINER_ARGS:-}" \
   --arg disk "${disk_why:-joiner data dir and dd under BENCH_DISK_DIR=$disk_base}" \
   --arg tuning "${tune_why:-hw/join-tuning.sh apply/restore around each tuned sample: vm.dirty_expire_centisecs 6000, vm.dirty_ratio 80, vm.dirty_background_ratio 40, deadline I/O scheduler}" \
   '{scenario: "join_dd",
@@ -416,6 +425,7 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is 
     params: {join_mib_planned: $join_mib, tree_mib: $tree_mib, trees_in_cluster: $trees, reps: $reps,
              replication: "RF 3, metadata raft on nodes 1-3, the joiner joins through its seeds",
              sources: "3 nodes loaded once with --cl ALL and --fsync none, restarted from copies of their data dirs for every join",
+             joiner_args: $jargs,
              install_fsync: "finish (the default: one fsync per tree file once complete)",
              dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
              failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,

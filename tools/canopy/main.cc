@@ -172,6 +172,7 @@ int RunNode(int argc, char** argv) {
            handshake_ms = 5000, one_sided_poll_us = 1000;
   uint64_t keep_versions = 0, keep_seconds = 0;
   std::string install_fsync = "finish";
+  bool join_from_leader_only = false;
   std::string max_snapshot_bytes = "1T";
   size_t http_workers = 32;
   bool http_rpc_reads = false;
@@ -221,6 +222,9 @@ int RunNode(int argc, char** argv) {
       ("one-sided-replication", po::bool_switch(&o.one_sided_replication),
        "carry replication streams over one-sided RDMA log rings where the connection is rdma:// (deltas and "
        "ACKs as RDMA WRITEs, no SEND on the path); every node of the cluster needs a canopy that knows it")
+      ("join-from-leader-only", po::bool_switch(&join_from_leader_only),
+       "a joining node fetches every tree's checkpoint file from the tree's leader (default: from whichever "
+       "owner, leader included, is sending it the fewest files, so that a join draws on every owner)")
       ("one-sided-poll-us", po::value(&one_sided_poll_us)->default_value(1000),
        "with --one-sided-replication: an idle stream's receiver sleeps at most this long between polls of its "
        "ring (the latency an idle stream's next message may pay; raise it on emulated machines)")
@@ -333,6 +337,7 @@ int RunNode(int argc, char** argv) {
   o.handshake_timeout = std::chrono::milliseconds(handshake_ms);
   if (one_sided_poll_us < 1 || one_sided_poll_us > 1000000) throw UsageError("--one-sided-poll-us must be 1..1000000");
   o.one_sided_poll_max = std::chrono::microseconds(one_sided_poll_us);
+  o.join_from_every_owner = !join_from_leader_only;
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
