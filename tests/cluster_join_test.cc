@@ -188,7 +188,8 @@ TEST(ClusterJoinTest, FourthNodeReceivesExactlyItsTrees) {
   // The joiner: its own raft address and no founding peers; the raft leader
   // adds it. Every file from the trees' leaders (the path before node join
   // from every owner).
-  size_t joiner = c.AddNode({"--raft", "127.0.0.1:" + std::to_string(PickFreePort()), "--join-from-leader-only"});
+  size_t joiner =
+      c.AddNode({"--raft", "127.0.0.1:" + std::to_string(PickFreePort()), "--join-from-leader-only"});
   ASSERT_TRUE(c.Start(joiner));
   ASSERT_TRUE(c.WaitForMembers(4)) << c.Log(joiner);
 

@@ -33,6 +33,14 @@
 # the WAL grows (--checkpoint-wal-bytes, tree/README.md), so an owner sends
 # the newest file it has, and writes a fresh one inside the measured time
 # only when the deltas after it reach half the file.
+# Sources with capped links (issue 15: stream from every owner): as root, in
+# quick and full modes, each rep also joins twice with every source's traffic
+# from its listen port (files and deltas to the joiner) shaped on lo to
+# cap_mbit by an htb class of its own (everything else unshaped), once taking
+# files from every owner (the default) and once from the leaders only
+# (--join-from-leader-only); the qdisc is removed right after. On a real
+# cluster a source's disk or link is the limit this stands for; on this
+# machine's loopback it is otherwise the CPU, shared by all four nodes.
 # On a disk too (issue 15): when BENCH_DISK_DIR (default /var/tmp) is on a
 # block device, each rep also joins with the joiner's data dir there, next to
 # dd on the same file system, once as the machine is and (as root, quick and
@@ -335,7 +343,49 @@ if [[ -n $disk_dir ]]; then
     tune=true
   fi
 fi
+# The capped-source samples: root, tc, quick/full mode, and lo without a
+# qdisc of its own (never replaced).
+cap_mbit=$(bench_pick 500 2000 2000)
+cap=false cap_why=""
+if [[ $(id -u) -ne 0 ]]; then
+  cap_why="not root: shaping lo needs root"
+elif [[ ${BENCH_MODE:-quick} == tiny ]]; then
+  cap_why="tiny mode changes no machine-wide settings"
+elif ! command -v tc > /dev/null; then
+  cap_why="tc missing (apt-get install iproute2)"
+elif tc qdisc show dev lo | grep -q 'qdisc htb 1: root'; then
+  cap_why="lo already has an htb root qdisc (left alone)"
+elif ! tc qdisc show dev lo | grep -q 'qdisc noqueue'; then
+  cap_why="lo has a qdisc of its own: $(tc qdisc show dev lo | head -n 1) (left alone)"
+else
+  cap=true
+fi
+cap_on=false
+cap_text="each rep: two more joins (tmpfs) with the traffic of each source from its listen port shaped on lo to \
+$cap_mbit Mbit/s (tc htb, one class per source, u32 match on the source port; the rest of lo unshaped), files from \
+every owner and with --join-from-leader-only"
+# cap_sources on|off: "on" shapes what each source sends from its listen
+# port to cap_mbit (one htb class per source, a u32 match on the source
+# port); everything else on lo goes through an unshaped default class.
+cap_sources() {
+  if [[ $1 == off ]]; then
+    $cap_on && { tc qdisc del dev lo root 2> /dev/null || true; }
+    cap_on=false
+    return 0
+  fi
+  local i port
+  tc qdisc add dev lo root handle 1: htb default 99 r2q 10000 || return 1
+  cap_on=true
+  tc class add dev lo parent 1: classid 1:99 htb rate 100gbit burst 4m cburst 4m || return 1
+  for i in 1 2 3; do
+    port=${uris[i]##*:}
+    tc class add dev lo parent 1: classid "1:$i" htb rate "${cap_mbit}mbit" ceil "${cap_mbit}mbit" burst 1m cburst 1m ||
+      return 1
+    tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip sport "$port" 0xffff flowid "1:$i" || return 1
+  done
+}
 cleanup() {
+  cap_sources off
   stop_nodes
   [[ -n $rcopy_pid ]] && bench_kill "$rcopy_pid"
   [[ -f $tuning_state ]] && "$BENCH_REPO/hw/join-tuning.sh" restore "$tuning_state" >&2
@@ -343,7 +393,7 @@ cleanup() {
   rm -rf "$work"
 }
 
-a=() s=() b=() rc=() jcpu=() rcpu=()
+a=() s=() b=() rc=() jcpu=() rcpu=() ce=() cl=()
 da=() dsync=() db=() ta=() tsync=() tb=()
 for ((rep = 1; rep <= reps; rep++)); do
   # Assigned first (not in $(...)) so that JOIN_BYTES survives.
@@ -356,6 +406,20 @@ for ((rep = 1; rep <= reps; rep++)); do
   rc+=("$(cat "$work/sample")")
   rcpu+=("$RCOPY_CPU_PER_GB")
   bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB), rcopy ${rc[-1]} Gbit/s"
+  if $cap; then
+    saved_args=("${joiner_args[@]}")
+    for variant in every leaders; do
+      joiner_args=("${saved_args[@]}")
+      [[ $variant == leaders ]] && joiner_args+=(--join-from-leader-only)
+      cap_sources on || { cap_sources off; bench_log "shaping lo failed"; exit 1; }
+      join_sample "$rep" "$work/joiner" "join-capped-$variant" > "$work/sample"
+      cap_sources off
+      read -r ja _ < "$work/sample"
+      if [[ $variant == every ]]; then ce+=("$ja"); else cl+=("$ja"); fi
+    done
+    joiner_args=("${saved_args[@]}")
+    bench_log "rep $rep/$reps, sources capped at $cap_mbit Mbit/s: join from every owner ${ce[-1]} Gbit/s, from the leaders only ${cl[-1]}"
+  fi
   [[ -n $disk_dir ]] || continue
   for variant in untuned tuned; do
     if [[ $variant == tuned ]]; then
@@ -388,7 +452,13 @@ $(bench_comparison "snapshot streaming alone vs rcopy of as many bytes (tcp://12
   0.9 "snapshot streaming >= 0.9x rcopy of the same bytes over the same transport")
 $(bench_comparison "CPU per GB received: the joiner (start to last install) vs the rcopy server (tmpfs)" "CPU s/GB" false \
   "joiner" "$(bench_samples "${jcpu[@]}")" "rcopy server" "$(bench_samples "${rcpu[@]}")")
-$(if [[ -n $disk_dir ]]; then
+$(if $cap; then
+  bench_comparison "node join, each source's link capped at $cap_mbit Mbit/s (tc htb on lo): files from every owner vs from the leaders only" Gbit/s true \
+    "join, every owner" "$(bench_samples "${ce[@]}")" "join, leaders only" "$(bench_samples "${cl[@]}")"
+  bench_comparison "node join from every owner, each source's link capped at $cap_mbit Mbit/s: vs the three links together" Gbit/s true \
+    "join, every owner" "$(bench_samples "${ce[@]}")" "3 x $cap_mbit Mbit/s (the shaping rate, not measured)" "$(bench_samples "$(awk -v m="$cap_mbit" 'BEGIN { print 3 * m / 1000 }')")"
+fi
+if [[ -n $disk_dir ]]; then
   bench_comparison "node join vs dd conv=fsync, joiner on disk ($disk_fs), as the machine is" Gbit/s true \
     "join (4th node), disk" "$(bench_samples "${da[@]}")" "dd bs=1M conv=fsync, disk" "$(bench_samples "${db[@]}")" \
     0.8 "join >= 0.8x dd conv=fsync on the same file system"
@@ -417,6 +487,7 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is 
   --argjson join_mib "$join_mib" --argjson tree_mib "$tree_mib" --argjson trees "$trees" --argjson reps "$reps" \
   --argjson load_s "$load_s" --argjson failure_ms "$failure_ms" --argjson warm_mib "$warm_mib" --argjson cpus "$(nproc)" --arg fs "$fs" \
   --arg ddv "$(dd --version | head -n 1)" --arg disk_fs "${disk_fs:-none}" --arg jargs "${JOIN_DD_JOINER_ARGS:-}" \
+  --arg capped "${cap_why:-$cap_text}" \
   --arg disk "${disk_why:-joiner data dir and dd under BENCH_DISK_DIR=$disk_base}" \
   --arg tuning "${tune_why:-hw/join-tuning.sh apply/restore around each tuned sample: vm.dirty_expire_centisecs 6000, vm.dirty_ratio 80, vm.dirty_background_ratio 40, deadline I/O scheduler}" \
   '{scenario: "join_dd",
@@ -426,10 +497,11 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is 
              replication: "RF 3, metadata raft on nodes 1-3, the joiner joins through its seeds",
              sources: "3 nodes loaded once with --cl ALL and --fsync none, restarted from copies of their data dirs for every join",
              joiner_args: $jargs,
+             capped_sources: $capped,
              install_fsync: "finish (the default: one fsync per tree file once complete)",
              dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
              failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,
-             order: "per rep: join, dd, rcopy (tmpfs); join, dd on disk; join, dd on disk tuned",
+             order: "per rep: join, dd, rcopy (tmpfs); joins with capped sources, every owner then leaders only; join, dd on disk; join, dd on disk tuned",
              rcopy: "rcopy --server on 127.0.0.1 (tmpfs root); one file of random bytes, sized at the first join, copied once per rep",
              disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning, disk_as_is: $as_is,
              join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
