@@ -450,8 +450,7 @@ struct Node::Impl {
   // of that epoch and the file holds what the leader held at takeover; else
   // untagged, with fetched_data_epoch set. Any error leaves the tree to the
   // leader.
-  Status FetchCheckpoint(const std::string& tree_name, const Leadership& l, const std::string& source,
-                         const std::string& source_uri);
+  Status FetchCheckpoint(const std::string& tree_name, const Leadership& l, const std::string& source);
   std::map<std::string, std::string> checkpoint_sources;  // (mu) tree -> the owner we fetch its file from
   // At most snapshot_file_slots checkpoint files are prepared by this node
   // at once (a checkpoint written on demand holds a whole block in memory);

@@ -59,7 +59,7 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
   while (!stopping) {
     Leadership l;
     std::string leader_uri;
-    std::string source, source_uri;
+    std::string source;
     bool held = false;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -76,11 +76,10 @@ void Node::Impl::ReplicaLoop(std::string tree_name) {
         fetch_tried_for = l;
         source = PickCheckpointSourceLocked(tree_name, l);
         if (source == l.leader) source.clear();
-        source_uri = source.empty() ? std::string() : UriOfLocked(source);
       }
     }
     if (!source.empty()) {
-      Status f = FetchCheckpoint(tree_name, l, source, source_uri);
+      Status f = FetchCheckpoint(tree_name, l, source);
       if (!f.ok() && !stopping) {
         CANOPY_LOG(kInfo, "node {}: no checkpoint of {} from owner {} ({}); asking its leader {}", node_id,
                    tree_name, source, f.ToString(), l.leader);

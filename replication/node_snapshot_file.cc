@@ -17,7 +17,6 @@
 
 #include "base/logging.h"
 #include "replication/node_impl.h"
-#include "transport/registry.h"
 
 namespace canopy::replication {
 namespace {
@@ -329,17 +328,10 @@ std::string Node::Impl::PickCheckpointSourceLocked(const std::string& tree_name,
   return best;
 }
 
-Status Node::Impl::FetchCheckpoint(const std::string& tree_name, const Leadership& l,
-                                   const std::string& source, const std::string& source_uri) {
-  CANOPY_ASSIGN_OR_RETURN(auto conn, transport::Dial(source_uri, topts));
-  if (!Register(conn.get())) return Status::Aborted("stopping");
+Status Node::Impl::FetchCheckpoint(const std::string& tree_name, const Leadership& l, const std::string& source) {
+  CANOPY_ASSIGN_OR_RETURN(auto conn, DialOwner(source));
   Status s = [&]() -> Status {
-    CANOPY_ASSIGN_OR_RETURN(PeerIdentity id, DialerHandshake(*conn, hs, DialHandshakeDeadline()));
-    Heard(id.node_id);
-    if (id.node_id != source) {
-      return Status::Unavailable(
-          fmt::format("{} answers as node {}, expected owner {}", conn->peer_uri(), id.node_id, source));
-    }
+    Heard(source);
     const ResumeOffer offer = PartialFileOffer(tree_name);
     CheckpointRequest req{tree_name,   l.epoch,      node_id,     offer.version,
                           offer.bytes, offer.digest, offer.offset};
