@@ -417,9 +417,6 @@ struct Node::Impl {
   // `resume` is the replica's offer to continue a file it holds part of
   // (Subscribe, CheckpointRequest). A file older than `min_version` counts
   // as stale; `data_epoch` goes into the SNAPSHOT_FILE (CheckpointRequest).
-  struct ResumeOffer {
-    uint64_t version = 0, bytes = 0, digest = 0, offset = 0;
-  };
   Result<bool> SendSnapshotFile(transport::Connection& conn, const std::string& replica,
                                 const std::string& tree_name, uint64_t epoch, uint64_t* sent,
                                 const ResumeOffer& resume, uint64_t min_version = 0, uint64_t data_epoch = 0);
@@ -434,8 +431,6 @@ struct Node::Impl {
       const transport::Message& m, const SnapshotFile& f, const std::function<Status()>& keepalive);
   // The resume offer for `tree_name`: the store's partial file of it (all 0: none).
   ResumeOffer PartialFileOffer(const std::string& tree_name);
-  // Fills the resume offer of `sub` from the store's partial file of its tree.
-  void OfferResume(Subscribe* sub);
   // Node join from every owner (NodeOptions::join_from_every_owner).
   // As an owner that is not the leader: answers a CHECKPOINT_REQUEST with
   // our checkpoint file while we follow its epoch's leader (protocol.h),

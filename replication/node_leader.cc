@@ -148,10 +148,8 @@ Status Node::Impl::SendSnapshot(transport::Connection& conn, const std::string& 
                                 const Subscribe* resume) {
   // The snapshot is the newest checkpoint file, sent whole on the bulk path
   // (node_snapshot_file.cc); the deltas after it follow from the WAL.
-  ResumeOffer offer;
-  if (resume)
-    offer = {resume->partial_version, resume->partial_bytes, resume->partial_digest, resume->partial_offset};
-  CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, replica, tree_name, epoch, sent, offer));
+  CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, replica, tree_name, epoch, sent,
+                                                           resume ? resume->resume : ResumeOffer{}));
   if (file_sent) return Status::Ok();
   // No file to send: the newest checkpoint's blocks as messages (read in
   // place: nothing is encoded), or the in-memory latest version encoded when

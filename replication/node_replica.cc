@@ -172,7 +172,8 @@ Status Node::Impl::FollowOn(transport::Connection& stream, const std::string& tr
     if (it != meta_trees.end() && it->second.epoch == epoch) takeover_version = it->second.leader_version;
   }
   Subscribe sub{tree_name, epoch, have, node_id, data_epoch};
-  OfferResume(&sub);  // an interrupted checkpoint file transfer continues where it stopped
+  // An interrupted checkpoint file transfer continues where it stopped.
+  sub.resume = PartialFileOffer(tree_name);
   sub.one_sided_ring_bytes = OneSidedRingToAsk(stream, options.one_sided_replication, options.one_sided_ring_bytes);
   CANOPY_RETURN_IF_ERROR(SendMessage(stream, sub));
   // Over the one-sided ring when we asked and the leader accepted (one_sided.h).

@@ -243,18 +243,10 @@ Result<std::unique_ptr<tree::SnapshotFileInstaller>> Node::Impl::ReceiveSnapshot
   return installer;
 }
 
-Node::Impl::ResumeOffer Node::Impl::PartialFileOffer(const std::string& tree_name) {
+ResumeOffer Node::Impl::PartialFileOffer(const std::string& tree_name) {
   auto partial = store->PartialCheckpointFile(tree_name);
   if (!partial.ok()) return {};
   return {partial->info.version, partial->info.bytes, partial->info.digest, partial->held};
-}
-
-void Node::Impl::OfferResume(Subscribe* sub) {
-  const ResumeOffer offer = PartialFileOffer(sub->tree);
-  sub->partial_version = offer.version;
-  sub->partial_bytes = offer.bytes;
-  sub->partial_digest = offer.digest;
-  sub->partial_offset = offer.offset;
 }
 
 // ---- node join from every owner ----
@@ -299,9 +291,8 @@ Status Node::Impl::ServeCheckpoint(transport::Connection& conn, const PeerIdenti
   }
   if (refusal.empty()) {
     uint64_t sent = 0;
-    const ResumeOffer offer{req.partial_version, req.partial_bytes, req.partial_digest, req.partial_offset};
     CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, req.node_id, req.tree, req.epoch, &sent,
-                                                             offer, min_version, data_epoch));
+                                                             req.resume, min_version, data_epoch));
     if (!file_sent) refusal = fmt::format("has no checkpoint file of it at version {} or later", min_version);
   }
   if (!refusal.empty()) {
@@ -332,9 +323,7 @@ Status Node::Impl::FetchCheckpoint(const std::string& tree_name, const Leadershi
   CANOPY_ASSIGN_OR_RETURN(auto conn, DialOwner(source));
   Status s = [&]() -> Status {
     Heard(source);
-    const ResumeOffer offer = PartialFileOffer(tree_name);
-    CheckpointRequest req{tree_name,   l.epoch,      node_id,     offer.version,
-                          offer.bytes, offer.digest, offer.offset};
+    CheckpointRequest req{tree_name, l.epoch, node_id, PartialFileOffer(tree_name)};
     CANOPY_RETURN_IF_ERROR(SendMessage(*conn, req));
     while (!stopping) {
       // The owner heartbeats while it prepares its file (SendSnapshotFile).

@@ -356,6 +356,28 @@ Result<Welcome> DecodeWelcome(std::string_view payload) {
 
 // ---- replication stream ----
 
+namespace {
+
+void PutResumeOffer(PayloadWriter& w, const ResumeOffer& offer) {
+  w.U64(offer.version);
+  w.U64(offer.bytes);
+  w.U64(offer.digest);
+  w.U64(offer.offset);
+}
+// `message` names the message in the error.
+Result<ResumeOffer> ReadResumeOffer(PayloadReader& r, std::string_view message) {
+  ResumeOffer offer;
+  CANOPY_ASSIGN_OR_RETURN(offer.version, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(offer.bytes, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(offer.digest, r.U64());
+  CANOPY_ASSIGN_OR_RETURN(offer.offset, r.U64());
+  if (offer.offset > offer.bytes)
+    return Status::Corruption(fmt::format("{} resume offset past the file's end", message));
+  return offer;
+}
+
+}  // namespace
+
 std::string Encode(const Subscribe& m) {
   PayloadWriter w(MessageType::kSubscribe);
   w.Bytes(m.tree);
@@ -363,10 +385,7 @@ std::string Encode(const Subscribe& m) {
   w.U64(m.have_version);
   w.Bytes(m.node_id);
   w.U64(m.data_epoch);
-  w.U64(m.partial_version);
-  w.U64(m.partial_bytes);
-  w.U64(m.partial_digest);
-  w.U64(m.partial_offset);
+  PutResumeOffer(w, m.resume);
   if (m.one_sided_ring_bytes != 0) w.U64(m.one_sided_ring_bytes);  // optional: see kProtocolVersion
   return w.Finish();
 }
@@ -378,11 +397,7 @@ Result<Subscribe> DecodeSubscribe(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.have_version, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.node_id, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.data_epoch, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_version, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_bytes, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_digest, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_offset, r.U64());
-  if (m.partial_offset > m.partial_bytes) return Status::Corruption("SUBSCRIBE resume offset past the file's end");
+  CANOPY_ASSIGN_OR_RETURN(m.resume, ReadResumeOffer(r, "SUBSCRIBE"));
   if (!r.AtEnd()) {
     CANOPY_ASSIGN_OR_RETURN(m.one_sided_ring_bytes, r.U64());
     if (m.one_sided_ring_bytes == 0) return Status::Corruption("SUBSCRIBE asks for a one-sided ring of 0 bytes");
@@ -396,10 +411,7 @@ std::string Encode(const CheckpointRequest& m) {
   w.Bytes(m.tree);
   w.U64(m.epoch);
   w.Bytes(m.node_id);
-  w.U64(m.partial_version);
-  w.U64(m.partial_bytes);
-  w.U64(m.partial_digest);
-  w.U64(m.partial_offset);
+  PutResumeOffer(w, m.resume);
   return w.Finish();
 }
 Result<CheckpointRequest> DecodeCheckpointRequest(std::string_view payload) {
@@ -408,12 +420,7 @@ Result<CheckpointRequest> DecodeCheckpointRequest(std::string_view payload) {
   CANOPY_ASSIGN_OR_RETURN(m.tree, r.Bytes(kMaxNameBytes));
   CANOPY_ASSIGN_OR_RETURN(m.epoch, r.U64());
   CANOPY_ASSIGN_OR_RETURN(m.node_id, r.Bytes(kMaxNameBytes));
-  CANOPY_ASSIGN_OR_RETURN(m.partial_version, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_bytes, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_digest, r.U64());
-  CANOPY_ASSIGN_OR_RETURN(m.partial_offset, r.U64());
-  if (m.partial_offset > m.partial_bytes)
-    return Status::Corruption("CHECKPOINT_REQUEST resume offset past the file's end");
+  CANOPY_ASSIGN_OR_RETURN(m.resume, ReadResumeOffer(r, "CHECKPOINT_REQUEST"));
   CANOPY_RETURN_IF_ERROR(r.Done());
   return m;
 }

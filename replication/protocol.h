@@ -147,6 +147,19 @@ struct Welcome {
   bool operator==(const Welcome&) const = default;
 };
 
+// A replica's offer to resume a checkpoint file transfer that broke off
+// (SNAPSHOT_FILE): it holds the first `offset` bytes, checked, of the file
+// named by (version, bytes, digest). All 0: no offer. On the wire it is four
+// u64 in that order (version, bytes, digest, offset) inside SUBSCRIBE and
+// CHECKPOINT_REQUEST; offset > bytes is Corruption.
+struct ResumeOffer {
+  uint64_t version = 0;
+  uint64_t bytes = 0;
+  uint64_t digest = 0;
+  uint64_t offset = 0;
+  bool operator==(const ResumeOffer&) const = default;
+};
+
 struct Subscribe {
   std::string tree;
   uint64_t epoch = 0;         // highest epoch the replica has seen for the tree
@@ -157,13 +170,7 @@ struct Subscribe {
   // its predecessor's up to the version it took over at; otherwise it sends
   // a snapshot, which replaces any divergent suffix the replica may hold.
   uint64_t data_epoch = 0;
-  // Resume of a checkpoint file transfer that broke off (SnapshotFile): the
-  // replica holds the first partial_offset bytes, checked, of the file
-  // named by (partial_version, partial_bytes, partial_digest). All 0: none.
-  uint64_t partial_version = 0;
-  uint64_t partial_bytes = 0;
-  uint64_t partial_digest = 0;
-  uint64_t partial_offset = 0;
+  ResumeOffer resume{};
   // Non-zero: the replica asks to receive this stream over a one-sided log
   // ring of this many bytes (rdma:// only; replication/one_sided.h). The
   // leader answers with ONE_SIDED_ANSWER before anything else.
@@ -232,16 +239,12 @@ struct SnapshotFile {
 // (Unavailable) when it is not following the leader of `epoch` or holds no
 // data of a known epoch. The joiner then subscribes to the leader from the
 // file's version with that data epoch, which the leader trusts or not by
-// its usual rule (SUBSCRIBE). The partial_* fields are a resume offer, as in
-// SUBSCRIBE.
+// its usual rule (SUBSCRIBE).
 struct CheckpointRequest {
   std::string tree;
   uint64_t epoch = 0;
   std::string node_id;  // the asking joiner
-  uint64_t partial_version = 0;
-  uint64_t partial_bytes = 0;
-  uint64_t partial_digest = 0;
-  uint64_t partial_offset = 0;
+  ResumeOffer resume{};
   bool operator==(const CheckpointRequest&) const = default;
 };
 

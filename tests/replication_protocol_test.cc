@@ -81,7 +81,7 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
   RoundTrip(SnapshotBegin{"t", 1, 77}, &DecodeSnapshotBegin);
   RoundTrip(SnapshotChunk{"t", 1, 5, std::string("\0\1\2chunk", 8)}, &DecodeSnapshotChunk);
   RoundTrip(SnapshotEnd{"t", 1, 77, 6}, &DecodeSnapshotEnd);
-  RoundTrip(Subscribe{"tree-1", 4, 0, "2", 3, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSubscribe);
+  RoundTrip(Subscribe{"tree-1", 4, 0, "2", 3, {77, 1 << 20, 0xfeedfacecafebeefULL, 4096}}, &DecodeSubscribe);
   RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 0}, &DecodeSnapshotFile);
   RoundTrip(SnapshotFile{"t", 1, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096}, &DecodeSnapshotFile);
   RoundTrip(SnapshotFile{"t", 3, 77, 1 << 20, 0xfeedfacecafebeefULL, 4096, 2}, &DecodeSnapshotFile);
@@ -90,11 +90,12 @@ TEST(ProtocolTest, ReplicationMessagesRoundTrip) {
             Encode(SnapshotFile{"t", 1, 77, 9, 1, 0, 1}).size());
   // A resume offset past the file's end is malformed, not a huge seek.
   EXPECT_TRUE(DecodeSnapshotFile(Encode(SnapshotFile{"t", 1, 77, 100, 1, 101})).status().IsCorruption());
-  EXPECT_TRUE(DecodeSubscribe(Encode(Subscribe{"t", 1, 0, "2", 0, 7, 100, 1, 101})).status().IsCorruption());
+  EXPECT_TRUE(
+      DecodeSubscribe(Encode(Subscribe{"t", 1, 0, "2", 0, {7, 100, 1, 101}})).status().IsCorruption());
   RoundTrip(CheckpointRequest{"t", 3, "4"}, &DecodeCheckpointRequest);
-  RoundTrip(CheckpointRequest{"t", 3, "4", 77, 1 << 20, 0xfeedfacecafebeefULL, 4096},
+  RoundTrip(CheckpointRequest{"t", 3, "4", {77, 1 << 20, 0xfeedfacecafebeefULL, 4096}},
             &DecodeCheckpointRequest);
-  EXPECT_TRUE(DecodeCheckpointRequest(Encode(CheckpointRequest{"t", 3, "4", 7, 100, 1, 101}))
+  EXPECT_TRUE(DecodeCheckpointRequest(Encode(CheckpointRequest{"t", 3, "4", {7, 100, 1, 101}}))
                   .status()
                   .IsCorruption());
   EXPECT_EQ(MessageTypeName(static_cast<uint16_t>(MessageType::kCheckpointRequest)), "CHECKPOINT_REQUEST");
