@@ -408,7 +408,9 @@ for ((rep = 1; rep <= reps; rep++)); do
   bench_log "rep $rep/$reps: join ${a[-1]} Gbit/s (streaming alone ${s[-1]}, $JOIN_BYTES bytes), dd ${b[-1]} Gbit/s ($dd_mib MiB), rcopy ${rc[-1]} Gbit/s"
   if $cap; then
     saved_args=("${joiner_args[@]}")
-    for variant in every leaders; do
+    cap_variants=(every leaders)
+    ((rep % 2 == 0)) && cap_variants=(leaders every)  # alternating, as the disk samples below
+    for variant in "${cap_variants[@]}"; do
       joiner_args=("${saved_args[@]}")
       [[ $variant == leaders ]] && joiner_args+=(--join-from-leader-only)
       cap_sources on || { cap_sources off; bench_log "shaping lo failed"; exit 1; }
@@ -421,7 +423,12 @@ for ((rep = 1; rep <= reps; rep++)); do
     bench_log "rep $rep/$reps, sources capped at $cap_mbit Mbit/s: join from every owner ${ce[-1]} Gbit/s, from the leaders only ${cl[-1]}"
   fi
   [[ -n $disk_dir ]] || continue
-  for variant in untuned tuned; do
+  # Which of the two goes first alternates between reps: each disk sample
+  # follows the other's writes and deletes on the same file system, so a
+  # fixed order would favour one of them.
+  disk_variants=(untuned tuned)
+  ((rep % 2 == 0)) && disk_variants=(tuned untuned)
+  for variant in "${disk_variants[@]}"; do
     if [[ $variant == tuned ]]; then
       $tune || continue
       "$BENCH_REPO/hw/join-tuning.sh" apply "$disk_dir" "$tuning_state" >&2
@@ -501,7 +508,7 @@ jq -n --argjson comparisons "$comparisons" --slurpfile runs "$runs" --arg as_is 
              install_fsync: "finish (the default: one fsync per tree file once complete)",
              dd: "dd if=/dev/zero bs=1M count=ceil(joiner bytes / 1 MiB) conv=fsync", filesystem: $fs,
              failure_ms: $failure_ms, cpus: $cpus, load_seconds: $load_s,
-             order: "per rep: join, dd, rcopy (tmpfs); joins with capped sources, every owner then leaders only; join, dd on disk; join, dd on disk tuned",
+             order: "per rep: join, dd, rcopy (tmpfs); joins with capped sources, every owner and leaders only; join, dd on disk as the machine is and tuned (the pairs alternate which goes first: odd reps as listed, even reps the other way)",
              rcopy: "rcopy --server on 127.0.0.1 (tmpfs root); one file of random bytes, sized at the first join, copied once per rep",
              disk_filesystem: $disk_fs, disk: $disk, disk_tuning: $tuning, disk_as_is: $as_is,
              join_plus_sync: "bytes / (join seconds + seconds of sync -f on the joiner file system right after)",
