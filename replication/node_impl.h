@@ -404,10 +404,10 @@ struct Node::Impl {
   Status LeadStream(transport::Connection& conn, const PeerIdentity& peer, const Subscribe& sub);
   // A snapshot of the tree: its checkpoint file on the bulk path when it
   // has one the WAL continues from (or can write one now), else its blocks
-  // as messages. `resume`: the replica's Subscribe, whose resume offer is
+  // as messages. `resume`: the replica's resume offer (its SUBSCRIBE's),
   // honoured when it names the file sent.
   Status SendSnapshot(transport::Connection& conn, const std::string& replica, const std::string& tree_name,
-                      uint64_t epoch, uint64_t* sent, const Subscribe* resume = nullptr);
+                      uint64_t epoch, uint64_t* sent, const ResumeOffer& resume = {});
 
   // ================================================ node_snapshot_file.cc: join on the bulk path
   // Sends the newest checkpoint file of `tree_name` whole with SendWithBulk

@@ -145,11 +145,10 @@ Status Node::Impl::LeadStream(transport::Connection& stream, const PeerIdentity&
 
 Status Node::Impl::SendSnapshot(transport::Connection& conn, const std::string& replica,
                                 const std::string& tree_name, uint64_t epoch, uint64_t* sent,
-                                const Subscribe* resume) {
+                                const ResumeOffer& resume) {
   // The snapshot is the newest checkpoint file, sent whole on the bulk path
   // (node_snapshot_file.cc); the deltas after it follow from the WAL.
-  CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, replica, tree_name, epoch, sent,
-                                                           resume ? resume->resume : ResumeOffer{}));
+  CANOPY_ASSIGN_OR_RETURN(bool file_sent, SendSnapshotFile(conn, replica, tree_name, epoch, sent, resume));
   if (file_sent) return Status::Ok();
   // No file to send: the newest checkpoint's blocks as messages (read in
   // place: nothing is encoded), or the in-memory latest version encoded when
@@ -188,7 +187,7 @@ Status Node::Impl::SendStream(transport::Connection& conn, const std::string& re
   CANOPY_ASSIGN_OR_RETURN(uint64_t latest, store->LatestVersion(tree_name));
   if (sent > latest) force_snapshot = true;            // it holds versions we never had
   if (sent == 0 && latest > 0) force_snapshot = true;  // a new replica (node join): bulk install
-  if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent, &sub));
+  if (force_snapshot) CANOPY_RETURN_IF_ERROR(SendSnapshot(conn, replica, tree_name, epoch, &sent, sub.resume));
   auto sender = std::make_shared<StreamSender>(conn, replica, tree_name, epoch, sent);
   // A snapshot counts as a full window: committers send once it is acked.
   if (force_snapshot) sender->NoteSnapshot();
