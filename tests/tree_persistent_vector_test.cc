@@ -369,16 +369,18 @@ TEST(PersistentVector, AttributeSlotsHoldSmallAttributesInline) {
   EXPECT_EQ(small.value(), "b");
 }
 
-// Separators compare the first eight key bytes as a number before reading a
-// blob: lookups must still order keys byte by byte (unsigned), with keys
-// shorter than eight bytes, zero bytes inside keys ("ab" < "ab\0" <
-// "ab\0c"), 0xff bytes and long shared prefixes.
+// Separators compare the first sixteen key bytes as two numbers before
+// reading the key: lookups must still order keys byte by byte (unsigned),
+// with keys shorter than eight or sixteen bytes, zero bytes inside keys
+// ("ab" < "ab\0" < "ab\0c"), 0xff bytes and shared prefixes that end
+// before, across and after byte 16.
 TEST(PersistentVector, AttributeLookupsOrderKeysByteWise) {
   std::mt19937_64 rng(11);
   const std::string alphabet("\0\x01" "ab\x7f\x80\xff", 7);
   std::set<std::string> keys;
   while (keys.size() < 6000) {
-    std::string k = (rng() % 3 == 0) ? "common-prefix/" : "";
+    static const char* const kPrefixes[] = {"", "", "", "common-prefix/", "a-longer-common-prefix/"};
+    std::string k = kPrefixes[rng() % 5];
     for (size_t n = rng() % 11; n > 0; --n) k += alphabet[rng() % alphabet.size()];
     keys.insert(k);
   }

@@ -89,8 +89,11 @@ void RefRelease(const Node* n) noexcept {
     teardown_queue->push_back(n);
     return;
   }
-  std::vector<const Node*> queue{n};
+  // Empty until a release inside queues a node (no allocation when it
+  // frees none: a commit's old path nodes share their sequences' chunks).
+  std::vector<const Node*> queue;
   teardown_queue = &queue;
+  delete n;
   while (!queue.empty()) {
     const Node* x = queue.back();
     queue.pop_back();

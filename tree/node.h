@@ -50,6 +50,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -218,36 +219,46 @@ class AttributeSlot {
 static_assert(sizeof(AttributeSlot) == 32);
 
 // The search key of an attribute in a node's AttributeVector: where its slot
-// is and its key's first eight bytes as a big-endian number, zero-padded.
-// Numbers order like the keys they come from wherever they differ, so a
-// search decides most comparisons from the number alone and reads the key
-// only on a tie. The vector keeps one such key per child in every inner
-// chunk (its separators), so a lookup in a node of 10^6 attributes reads the
-// separators of the chunks on its path, not one leaf per probe. The slot
-// address is one inside a leaf chunk: PersistentVector refreshes the
-// separators of every chunk an edit writes, and a chunk keeps the leaves
+// is and its key's first sixteen bytes as two big-endian numbers,
+// zero-padded. The numbers order like the keys they come from wherever they
+// differ, so a search decides most comparisons from them alone and reads the
+// key only on a tie: keys that share their first eight bytes are common
+// ("user:000123", "k000000123": a hundred keys to each eight-byte prefix),
+// and each such tie in an inner chunk is a read of a leaf elsewhere, a cache
+// miss in a large node. The vector keeps one such key per child in every
+// inner chunk (its separators), so a lookup in a node of 10^6 attributes
+// reads the separators of the chunks on its path, not one leaf per probe.
+// The slot address is one inside a leaf chunk: PersistentVector refreshes
+// the separators of every chunk an edit writes, and a chunk keeps the leaves
 // its separators point into alive (see its keyed-vector contract).
 struct AttributeKey {
-  uint64_t prefix;
+  uint64_t high;  // bytes 0-7 of the key
+  uint64_t low;   // bytes 8-15
   const AttributeSlot* slot;
 
-  static uint64_t PrefixOf(std::string_view key) noexcept {
-    unsigned char bytes[8] = {};
-    std::memcpy(bytes, key.data(), key.size() < 8 ? key.size() : 8);
+  // Bytes [from, from + 8) of `key` as a big-endian number, zero-padded.
+  static uint64_t PrefixOf(std::string_view key, size_t from) noexcept {
     uint64_t v = 0;
-    for (unsigned char b : bytes) v = (v << 8) | b;
+    if (key.size() >= from + 8) {
+      std::memcpy(&v, key.data() + from, 8);
+    } else if (key.size() > from) {
+      std::memcpy(&v, key.data() + from, key.size() - from);
+    }
+    if constexpr (std::endian::native == std::endian::little) v = __builtin_bswap64(v);
     return v;
   }
-  // Whether this attribute's key orders before `key`; key_prefix must be
-  // PrefixOf(key).
-  bool Before(std::string_view key, uint64_t key_prefix) const {
-    if (prefix != key_prefix) return prefix < key_prefix;
+  // Whether this attribute's key orders before `key`; key_high and key_low
+  // must be PrefixOf(key, 0) and PrefixOf(key, 8).
+  bool Before(std::string_view key, uint64_t key_high, uint64_t key_low) const {
+    if (high != key_high) return high < key_high;
+    if (low != key_low) return low < key_low;
     return slot->key() < key;
   }
 };
 struct AttributeKeyOf {
   AttributeKey operator()(const AttributeSlot& s) const noexcept {
-    return AttributeKey{AttributeKey::PrefixOf(s.key()), &s};
+    const std::string_view key = s.key();
+    return AttributeKey{AttributeKey::PrefixOf(key, 0), AttributeKey::PrefixOf(key, 8), &s};
   }
 };
 using AttributeVector = PersistentVector<AttributeSlot, AttributeKeyOf>;
@@ -255,8 +266,8 @@ using AttributeVector = PersistentVector<AttributeSlot, AttributeKeyOf>;
 // The index of the first attribute whose key is not before `key` (its index
 // when present): one descent, O(log n).
 inline size_t AttributeLowerBound(const AttributeVector& attrs, std::string_view key) {
-  const uint64_t prefix = AttributeKey::PrefixOf(key);
-  return attrs.PartitionPoint([key, prefix](const AttributeKey& a) { return a.Before(key, prefix); });
+  const uint64_t high = AttributeKey::PrefixOf(key, 0), low = AttributeKey::PrefixOf(key, 8);
+  return attrs.PartitionPoint([key, high, low](const AttributeKey& a) { return a.Before(key, high, low); });
 }
 
 class Node;

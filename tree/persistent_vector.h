@@ -191,6 +191,10 @@ class PersistentVector {
       size_t lo = 1, hi = c->count;
       if constexpr (kKeyed) {
         const Key* seps = Seps(c);
+        // A binary search over a cold chunk would wait for one line at a
+        // time; fetch the separators (and the sizes summed below) at once.
+        PrefetchBytes(seps, c->count * sizeof(Key));
+        PrefetchBytes(Sizes(c), c->count * sizeof(uint64_t));
         while (lo < hi) {
           size_t mid = lo + (hi - lo) / 2;
           if (pred(seps[mid])) {
@@ -414,6 +418,12 @@ class PersistentVector {
     } else if constexpr (requires { t.get(); }) {
       __builtin_prefetch(t.get(), kWrite);
     }
+  }
+  // Fetches [p, p + bytes) for reading, one prefetch per cache line.
+  static void PrefetchBytes(const void* p, size_t bytes) noexcept {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+    for (uintptr_t at = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; at < end; at += 64)
+      __builtin_prefetch(reinterpret_cast<const void*>(at), 0);
   }
   // The key of the first element under c (REQUIRES: keyed, c not empty).
   static Key FirstKey(const Chunk* c) noexcept {
