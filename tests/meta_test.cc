@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,6 +24,12 @@
 #include "replication/meta/forward.h"
 #include "replication/meta/metadata.h"
 #include "tests/testing/test_util.h"
+
+#ifdef CANOPY_SANITIZE
+// Freed memory is filled, so that a read of it by code ASan does not see
+// (libraft, libuv) finds garbage rather than the old bytes.
+extern "C" const char* __asan_default_options() { return "max_free_fill_size=4096:free_fill_byte=42"; }
+#endif
 
 namespace canopy::replication::meta {
 namespace {
@@ -308,8 +315,11 @@ class Cluster {
     o.connect_retry_delay_ms = 100;
     o.install_snapshot_timeout_ms = 1000;
     if (forwarding_) o.forward_address = "127.0.0.1:0";
+    if (tweak) tweak(o);
     return o;
   }
+  // Applied last to every node's options.
+  std::function<void(MetaOptions&)> tweak;
 
   Status StartNode(uint64_t id) {
     auto s = MetadataService::Start(Options(id));
@@ -670,6 +680,71 @@ TEST(MetadataServiceTest, LeadershipTransfersToTheChosenVoter) {
   ASSERT_TRUE(e2.ok()) << e2.status().ToString();
   ASSERT_TRUE(e2->status.ok()) << e2->status.ToString();
   EXPECT_EQ(e2->epoch, 2u);
+}
+
+// A transfer to a voter the leader is not connected to: libraft queues the
+// TimeoutNow message until it can connect, and the transfer gives up after
+// one election timeout, before that. When the voter comes back, the queued
+// message leaves and libraft's transport reads its request again. canopy
+// once freed that request when the transfer gave up, so a node could die
+// calling through freed memory once the voter returned (seen as a segfault
+// at address 0x2a on a node restarting beside its peers). Under the
+// sanitizer build freed memory is filled (__asan_default_options below), so
+// the old code dies here every time.
+TEST(MetadataServiceTest, TransferToAnUnreachableVoterSurvivesItsReturn) {
+  Cluster c(3);
+  c.tweak = [](MetaOptions& o) {
+    o.election_timeout_ms = 150;
+    o.heartbeat_timeout_ms = 30;
+    o.connect_retry_delay_ms = 200;
+  };
+  {
+    Status st = c.StartAll();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  MetadataService* leader = c.WaitForLeader();
+  ASSERT_NE(leader, nullptr);
+  ASSERT_TRUE(leader->Put("before", "1", Deadline::After(10s)).ok());
+  uint64_t target = 0;
+  for (MetadataService* s : c.Running()) {
+    if (s != leader) target = s->node_id();
+  }
+  ASSERT_NE(target, 0u);
+  // Up to date as far as the leader knows (it has acknowledged every entry):
+  // then the leader sends TimeoutNow at once, with no catch-up first.
+  ASSERT_TRUE(WaitUntil([&] { return c.Node(target)->ReadLocal().Get("before") == "1"; }, 10s));
+  std::this_thread::sleep_for(300ms);
+  c.StopNode(target);
+  // The leader's connection to it breaks; it retries every 200 ms.
+  std::this_thread::sleep_for(400ms);
+  for (int round = 0; round < 2; ++round) {
+    Status moved = leader->TransferLeadership(target, Deadline::After(10s));
+    EXPECT_TRUE(moved.IsUnavailable()) << moved.ToString();
+    EXPECT_TRUE(leader->IsRaftLeader());
+  }
+  // Small blocks full of 0x2a, held until the end: whatever this process
+  // freed of those sizes meanwhile is now one of them.
+  std::vector<std::unique_ptr<char[]>> filler;
+  for (size_t bytes = 16; bytes <= 256; bytes += 8) {
+    for (int i = 0; i < 32; ++i) {
+      filler.emplace_back(new char[bytes]);
+      std::memset(filler.back().get(), 0x2a, bytes);
+    }
+  }
+  // The voter returns: the queued TimeoutNow goes out (it may start an
+  // election there), and the group goes on committing.
+  {
+    Status st = c.StartNode(target);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  std::this_thread::sleep_for(500ms);
+  MetadataService* now = c.WaitForLeader();
+  ASSERT_NE(now, nullptr);
+  auto r = now->ProposeWithRetry(PutCmd{"after", "2"}, Deadline::After(15s));
+  ASSERT_TRUE(r.ok() && r->status.ok()) << (r.ok() ? r->status.ToString() : r.status().ToString());
+  for (MetadataService* s : c.Running()) {
+    EXPECT_TRUE(WaitUntil([&] { return s->ReadLocal().Get("after") == "2"; }, 10s)) << s->node_id();
+  }
 }
 
 TEST(MetadataServiceTest, MinorityLeaderCannotCommit) {

@@ -244,8 +244,8 @@ class MetadataService::Impl {
     void Abort(const Status& s) override { done->Set(s); }
   };
 
+  // A leadership transfer in flight; libraft's side of it is transfer_slot_.
   struct TransferRequest final : PendingRequest {
-    struct raft_transfer req {};
     Impl* impl = nullptr;
     std::shared_ptr<Completion<Done>> done;
     void Abort(const Status& s) override { done->Set(s); }
@@ -293,6 +293,18 @@ class MetadataService::Impl {
   raft raft_{};
   bool closing_ = false;  // raft_close was called
   std::set<PendingRequest*> pending_;
+  // The raft_transfer given to libraft for every leadership transfer, one at
+  // a time (libraft runs at most one: raft_.transfer). It lives as long as
+  // raft's I/O, not as long as the transfer: libraft 0.15 sends TimeoutNow
+  // with the raft_io_send inside it (no callback), and its libuv transport
+  // reads that send's `cb` field again when the message leaves or is dropped,
+  // which for a target it is not connected to happens when the connection is
+  // made (after connect retries) or when newer messages evict it, possibly
+  // long after the transfer's own callback ran. A request freed by then made
+  // that read land in reused memory: a node died calling address 0x2a.
+  // Upstream fixed it in canonical/raft#398; only libraft ever writes the
+  // send (its cb stays null), so a stale read of this slot is harmless.
+  struct raft_transfer transfer_slot_ {};
   std::map<uint64_t, ApplyOutcome> outcomes_;  // proposal id -> outcome, for our proposals in flight
   std::set<uint64_t> in_flight_;
   uint64_t next_proposal_id_ = 1;
@@ -1025,28 +1037,37 @@ Status MetadataService::Impl::TransferLeadership(uint64_t target, Deadline deadl
   if (target == 0 || target == options_.node_id) {
     return Status::InvalidArgument(fmt::format("TransferLeadership: {} is not another member", target));
   }
-  return OnLeaderAndWait("TransferLeadership", deadline, [this, target](const std::shared_ptr<Completion<Done>>& done) {
-    auto* req = new TransferRequest;
-    req->req.data = req;
-    req->impl = this;
-    req->done = done;
-    int rv = raft_transfer(&raft_, &req->req, target, &Impl::OnTransfer);
-    if (rv != 0) {
-      Status s = rv == RAFT_BADID
-                     ? Status::InvalidArgument(fmt::format("TransferLeadership: node {} is not a voter", target))
-                     : RaftStatus(rv, fmt::format("TransferLeadership to {}", target), raft_.errmsg);
-      done->Set(rv == RAFT_NOTLEADER ? NotLeaderStatus() : s);
-      delete req;
-      return;
-    }
-    Track(req);
-  });
+  return OnLeaderAndWait(
+      "TransferLeadership", deadline, [this, target](const std::shared_ptr<Completion<Done>>& done) {
+        if (raft_.transfer != nullptr) {  // the slot is in use: leave it as it is
+          done->Set(Status::Unavailable(
+              fmt::format("TransferLeadership to {}: a leadership transfer is already in progress", target)));
+          return;
+        }
+        auto* req = new TransferRequest;
+        req->impl = this;
+        req->done = done;
+        transfer_slot_.data = req;
+        int rv = raft_transfer(&raft_, &transfer_slot_, target, &Impl::OnTransfer);
+        if (rv != 0) {
+          Status s =
+              rv == RAFT_BADID
+                  ? Status::InvalidArgument(fmt::format("TransferLeadership: node {} is not a voter", target))
+                  : RaftStatus(rv, fmt::format("TransferLeadership to {}", target), raft_.errmsg);
+          done->Set(rv == RAFT_NOTLEADER ? NotLeaderStatus() : s);
+          transfer_slot_.data = nullptr;
+          delete req;
+          return;
+        }
+        Track(req);
+      });
 }
 
 // raft calls this once the transfer ended: the target won (this node has
 // stepped down), or one election timeout passed, or this node stopped.
 void MetadataService::Impl::OnTransfer(struct raft_transfer* r) {
   auto* req = static_cast<TransferRequest*>(r->data);
+  r->data = nullptr;  // r is transfer_slot_: kept, see there
   Impl* self = req->impl;
   self->Untrack(req);
   // The view first: a caller woken below must not read the old LEADER state.
