@@ -185,15 +185,22 @@ bench_machine_cpu_used() {
 }
 
 # bench_kill PID... -> stops each PID (TERM, then KILL after ~2 s) and reaps it;
-# empty arguments are ignored, never fails.
+# empty arguments are ignored, never fails. Sets BENCH_KILL_SIGNALLED to the
+# "PID:STATUS" of each PID that died of a signal other than the TERM or KILL
+# sent here (STATUS 128 + signal: 139 is SIGSEGV), whether before or during
+# its stop: a crash, which a caller should report (empty when none).
 bench_kill() {
-  local pid i
+  local pid i rc
+  BENCH_KILL_SIGNALLED=""
   for pid in "$@"; do
     [[ -n $pid ]] || continue
-    kill "$pid" 2>/dev/null || continue
-    for ((i = 0; i < 40; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    if kill "$pid" 2>/dev/null; then
+      for ((i = 0; i < 40; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rc=0
+    wait "$pid" 2>/dev/null || rc=$?
+    ((rc > 128 && rc != 128 + 15 && rc != 128 + 9)) && BENCH_KILL_SIGNALLED+="${BENCH_KILL_SIGNALLED:+ }$pid:$rc"
   done
   return 0
 }

@@ -66,8 +66,24 @@ read -r -a joiner_args <<< "${JOIN_DD_JOINER_ARGS:-}"
 
 work=$BENCH_WORK/join_dd
 pids=()
-stop_nodes() { bench_kill "${pids[@]}"; pids=(); }
-cleanup() { stop_nodes; rm -rf "$work"; }
+declare -A node_log=()  # pid -> its log file
+# stop_nodes: stops every node. One that died of a signal, before or during
+# its stop (a crash: canopy handles TERM by stopping cleanly), fails the
+# scenario; the end of its log goes to the scenario's log and the whole log
+# beside the run's logs.
+stop_nodes() {
+  bench_kill "${pids[@]}"
+  pids=()
+  [[ -n $BENCH_KILL_SIGNALLED ]] || return 0
+  local e pid rc log logs=${BENCH_OUT%/fragments/*}/logs
+  for e in $BENCH_KILL_SIGNALLED; do
+    pid=${e%%:*} rc=${e#*:} log=${node_log[${e%%:*}]:-}
+    bench_log "canopy node (pid $pid, log $log) died of signal $((rc - 128)); its log ends: $(tail -n 5 "$log" 2>&1)"
+    [[ -d $logs && -f $log ]] && cp "$log" "$logs/join_dd-died-$pid.log"
+  done
+  return 1
+}
+cleanup() { stop_nodes || true; rm -rf "$work"; }
 trap cleanup EXIT
 trap "exit 130" INT
 trap "exit 143" TERM
@@ -110,6 +126,7 @@ start_source() {
   "$canopy" node --listen "${uris[i]}" --data "$work/src/n$i" --node-id "$i" --fsync none --failure-ms "$failure_ms" \
     "${common[@]}" --raft "${rafts[i]}" "${peers[@]}" "${seeds[@]}" --log warn >> "$work/src/n$i.log" 2>&1 &
   pids+=($!)
+  node_log[$!]=$work/src/n$i.log
 }
 status_json() { "$canopy" status --node "$1" "${common[@]}" --json --timeout-ms 5000 2>/dev/null; }
 wait_members() {  # N SECONDS
@@ -200,6 +217,7 @@ join_sample() {
     "${joiner_args[@]}" --log info > "$jlog" 2>&1 &
   local jpid=$!
   pids+=("$jpid")
+  node_log[$jpid]=$jlog
   # STATUS is not cheap (each node hashes its trees for the digest): ask only
   # once the joiner's log shows every snapshot it began installed, and at
   # most every 0.5 s.
@@ -386,7 +404,7 @@ cap_sources() {
 }
 cleanup() {
   cap_sources off
-  stop_nodes
+  stop_nodes || true
   [[ -n $rcopy_pid ]] && bench_kill "$rcopy_pid"
   [[ -f $tuning_state ]] && "$BENCH_REPO/hw/join-tuning.sh" restore "$tuning_state" >&2
   [[ -n $disk_dir ]] && rm -rf "$disk_dir"
