@@ -32,11 +32,21 @@ bash "$repo/bench/run" --mode tiny --reps 3 --no-build --build "$build" \
   --scenarios "$repo/tests/data/bench_scenarios" --out "$tmp/fx" > "$tmp/fx.out" 2> "$tmp/fx.err"
 rc=$?
 set -e
-expect_eq "$rc" 1 "exit status with one failed scenario"
+expect_eq "$rc" 1 "exit status with failed scenarios"
 run=$tmp/fx/run.json
 "$check" "$repo/bench/run.schema.json" "$run" || fail "fixture run.json does not conform to bench/run.schema.json"
 q() { jq -r "$1" "$run"; }
-expect_eq "$(q '.scenarios | map(.scenario + "=" + .status) | join(",")')" "a_pair=ok,b_skip=skipped,c_fail=failed" "statuses"
+# d_crash: failed from the kernel log where the harness can read it.
+crash_status=failed
+[[ $(q '.scenarios[3].crash_check') == kernel-log ]] || crash_status=ok
+[[ $(q '.scenarios[3].status') == skipped ]] && crash_status=skipped
+expect_eq "$(q '.scenarios | map(.scenario + "=" + .status) | join(",")')" \
+  "a_pair=ok,b_skip=skipped,c_fail=failed,d_crash=$crash_status" "statuses"
+if [[ $crash_status == failed ]]; then
+  q '.scenarios[3].crashes[0]' | grep -q '^canopy\[[0-9]*\]: segfault at 2a ' ||
+    fail "d_crash: the kernel's crash line is missing: $(q '.scenarios[3]')"
+  [[ $(q '.scenarios[0].crashes') == null ]] || fail "a_pair reported crashes: $(q '.scenarios[0].crashes')"
+fi
 expect_eq "$(q '.scenarios[0].comparisons[0] | [.a.stats.median, .a.stats.min, .a.stats.max, .a.stats.n, .b.stats.median, .ratio, .goal.met] | map(tostring) | join(" ")')" \
   "2 1 3 3 1 2 true" "higher-is-better stats, ratio and goal"
 expect_eq "$(q '.scenarios[0].comparisons[1] | [.a.stats.median, .b.stats.median, .ratio, .goal.met] | map(tostring) | join(" ")')" \
