@@ -77,7 +77,8 @@ stop_nodes() {
   [[ -n $BENCH_KILL_SIGNALLED ]] || return 0
   local e pid rc log logs=${BENCH_OUT%/fragments/*}/logs
   for e in $BENCH_KILL_SIGNALLED; do
-    pid=${e%%:*} rc=${e#*:} log=${node_log[${e%%:*}]:-}
+    pid=${e%%:*} rc=${e#*:}
+    log=${node_log[$pid]:-}
     bench_log "canopy node (pid $pid, log $log) died of signal $((rc - 128)); its log ends: $(tail -n 5 "$log" 2>&1)"
     [[ -d $logs && -f $log ]] && cp "$log" "$logs/join_dd-died-$pid.log"
   done
