@@ -94,6 +94,17 @@ Status FsyncFd(int fd, std::string_view what) {
   return Status::Ok();
 }
 
+Status StartWriteback(int fd, uint64_t offset, uint64_t len, std::string_view what) {
+  if (len == 0) return Status::Ok();
+  while (::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(len),
+                           SYNC_FILE_RANGE_WRITE) != 0) {
+    if (errno == EINTR) continue;
+    if (errno == ESPIPE || errno == EINVAL || errno == ENOSYS) return Status::Ok();  // nothing to write back
+    return ErrnoStatus(errno, std::string("write-back of ") + std::string(what));
+  }
+  return Status::Ok();
+}
+
 Status FsyncDir(const std::string& dir) {
   CANOPY_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY));
   return FsyncFd(fd.get(), dir);

@@ -38,6 +38,15 @@ Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes =
 Status WriteFileAtomic(const std::string& path, std::string_view contents);
 
 Status FsyncFd(int fd, std::string_view what);
+// Starts writing the dirty pages of [offset, offset + len) of fd to its
+// device and returns without waiting for them (sync_file_range with
+// SYNC_FILE_RANGE_WRITE; it may wait for room in the device's queue). It
+// makes nothing durable: the file's metadata and the device's cache still
+// need FsyncFd. What it buys is overlap: a writer that calls it as data lands
+// keeps the device busy meanwhile, so its final FsyncFd waits for the last
+// range only, not for every byte. Where the file system has no write-back
+// (tmpfs) it does nothing; an fd it cannot apply to (a pipe) is no error.
+Status StartWriteback(int fd, uint64_t offset, uint64_t len, std::string_view what);
 // fsync of the directory itself, so that creates/renames inside it are durable.
 Status FsyncDir(const std::string& dir);
 // mkdir -p. OK if it exists already as a directory.

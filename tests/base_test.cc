@@ -134,6 +134,34 @@ TEST(FileTest, FileSizeLimitIsResourceExhausted) {
   EXPECT_EQ(testing::WaitChild(pid, std::chrono::seconds(10)), 0);
 }
 
+TEST(FileTest, StartWritebackLeavesTheBytesAndFailsOnlyOnARealError) {
+  testing::TempDir dir;
+  std::string path = dir.File("landing");
+  auto fd = OpenFile(path, O_RDWR | O_CREAT | O_EXCL);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  const std::string bytes = testing::RandomBytes(3 << 20, 11);
+  ASSERT_TRUE(WriteAll(fd->get(), bytes.data(), bytes.size(), path).ok());
+  // Write-back of part of the file, of all of it, of nothing, and of a
+  // range past its end: none changes what the file holds.
+  EXPECT_TRUE(StartWriteback(fd->get(), 0, 1 << 20, path).ok());
+  EXPECT_TRUE(StartWriteback(fd->get(), 0, bytes.size(), path).ok());
+  EXPECT_TRUE(StartWriteback(fd->get(), 5, 0, path).ok());
+  EXPECT_TRUE(StartWriteback(fd->get(), bytes.size(), 1 << 20, path).ok());
+  ASSERT_TRUE(FsyncFd(fd->get(), path).ok());
+  EXPECT_EQ(*ReadFileToString(path), bytes);
+  // A pipe has nothing to write back: no error.
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  UniqueFd r(p[0]), w(p[1]);
+  EXPECT_TRUE(StartWriteback(w.get(), 0, 4096, "a pipe").ok());
+  // A closed descriptor is an error that names the file.
+  const int closed = fd->get();
+  fd->Reset();
+  Status s = StartWriteback(closed, 0, 4096, path);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find(path), std::string::npos) << s.ToString();
+}
+
 TEST(UnitsTest, ParseAndFormatByteSizes) {
   EXPECT_EQ(*ParseByteSize("4096"), 4096u);
   EXPECT_EQ(*ParseByteSize("64K"), 65536u);

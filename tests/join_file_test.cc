@@ -205,7 +205,9 @@ TEST_P(JoinFileBigRecord, BlockSpanningManyPiecesIsCheckedOnceWhole) {
   EXPECT_FALSE(other->HasTree(kTree));
 }
 
-INSTANTIATE_TEST_SUITE_P(JoinFile, JoinFileBigRecord, ::testing::Values(size_t{200} << 10, size_t{3} << 20));
+// 9 MiB: the installer starts write-back twice as the file lands (every 4 MiB).
+INSTANTIATE_TEST_SUITE_P(JoinFile, JoinFileBigRecord,
+                         ::testing::Values(size_t{200} << 10, size_t{3} << 20, size_t{9} << 20));
 
 TEST(JoinFile, HugeAnnouncedSizeIsRefusedBeforeAnythingIsWritten) {
   TempDir dir;

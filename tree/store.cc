@@ -458,6 +458,15 @@ Result<Version> LoadCheckpoint(const std::string& path, const std::string& tree,
 
 class StoreImpl;
 
+// An installer that writes a snapshot or checkpoint file as its bytes
+// arrive starts the device writing every this many bytes (StartWriteback),
+// so that the one fsync at the end waits for the last few MiB rather than
+// the whole file: on a disk, joins of many trees at once otherwise all
+// stalled in their final fsyncs together, with the CPUs idle for a quarter
+// of the join (perf, joiner data dir on ext4). Large enough that each call
+// hands the device a few MiB (a bulk piece is 2 MiB).
+constexpr uint64_t kInstallWritebackBytes = 4 << 20;
+
 class InstallerImpl final : public SnapshotInstaller {
  public:
   InstallerImpl(StoreImpl* store, std::string tree, std::string dir)
@@ -475,6 +484,8 @@ class InstallerImpl final : public SnapshotInstaller {
   std::string dir_;  // private directory under <store>/tmp
   std::string path_;
   UniqueFd file_;
+  uint64_t written_ = 0;       // bytes of file_
+  uint64_t written_back_ = 0;  // write-back started for [0, written_back_)
   SnapshotReader reader_{SnapshotReader::Keep::kNothing};
   Status error_;
   bool finished_ = false;
@@ -510,6 +521,7 @@ class FileInstallerImpl final : public SnapshotFileInstaller {
   std::unique_ptr<SnapshotReader> reader_ = std::make_unique<SnapshotReader>(SnapshotReader::Keep::kNothing);
   uint64_t checked_ = 0;  // the blocks in [0, checked_) passed reader_
   uint64_t landed_ = 0;
+  uint64_t written_back_ = 0;  // write-back started for [0, written_back_) (StartWriteback)
   uint64_t resume_offset_ = 0;
   Status error_;
   bool finished_ = false;
@@ -2046,7 +2058,13 @@ Status InstallerImpl::AddChunk(std::string_view chunk) {
     }
   }
   if (s.ok()) s = WriteAll(file_.get(), chunk.data(), chunk.size(), path_);
-  if (s.ok() && store_->options().install_fsync_each_chunk) s = FsyncFd(file_.get(), path_);
+  if (s.ok()) written_ += chunk.size();
+  if (s.ok() && store_->options().install_fsync_each_chunk) {
+    s = FsyncFd(file_.get(), path_);
+  } else if (s.ok() && written_ - written_back_ >= kInstallWritebackBytes) {
+    s = StartWriteback(file_.get(), written_back_, written_ - written_back_, path_);
+    written_back_ = written_;
+  }
   if (!s.ok()) error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
   return error_;
 }
@@ -2118,7 +2136,7 @@ Status FileInstallerImpl::Open(uint64_t offset) {
       return error_;
     }
   }
-  resume_offset_ = landed_ = checked_;
+  resume_offset_ = landed_ = written_back_ = checked_;
   if (resume_offset_ > 0) {
     CANOPY_LOG(kInfo, "{}: resuming at byte {} of {} (checked blocks kept from an interrupted transfer)", path_,
                resume_offset_, info_.bytes);
@@ -2191,6 +2209,10 @@ Status FileInstallerImpl::Landed(uint64_t bytes) {
   if (store_->options().install_fsync_each_chunk) {  // benchmark knob (StoreOptions)
     Status s = FsyncFd(file_.get(), path_);
     if (!s.ok()) return Fail(s);
+  } else if (landed_ - written_back_ >= kInstallWritebackBytes) {
+    Status s = StartWriteback(file_.get(), written_back_, landed_ - written_back_, path_);
+    if (!s.ok()) return Fail(s);
+    written_back_ = landed_;
   }
   return Status::Ok();
 }
