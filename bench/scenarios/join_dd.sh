@@ -424,12 +424,13 @@ cleanup() {
 
 # The warm-up holds only while the guest keeps the pages it freed. Where
 # the guest kernel's free page reporting has a minimum age for a free page
-# (this machine's page_reporting module: min_free_ms, 0 here: pages went to
-# the host within moments of being freed), the scenario sets it to a
-# minute and restores it on exit, so that a warm-up is not handed back
-# in the second between it and the writer (seen: tmpfs joins of one run at
-# 6.0 and 12.5 Gbit/s, with the landing copy 37% and 16% of the CPU).
-# Nothing else about the machine changes; elsewhere this does nothing.
+# (this machine's page_reporting module: min_free_ms, 0 here, so freed
+# pages may go to the host at once), the scenario sets it to a minute and
+# restores it on exit, so that a warm-up is not handed back between it and
+# the writer. Seen in two runs each: disk joins 10.1-14.3 Gbit/s with the
+# hold, 6.7-13.8 without (the warm-up on the writer's file system in both);
+# tmpfs joins still swung with it (8.7-13.1). Nothing else about the
+# machine changes; where the parameter is missing this does nothing.
 page_reporting_param=/sys/module/page_reporting/parameters/min_free_ms
 page_reporting_old="" page_reporting="not adjustable here (no writable $page_reporting_param): left as it is"
 if [[ -w $page_reporting_param ]] && page_reporting_old=$(cat "$page_reporting_param" 2> /dev/null) &&
