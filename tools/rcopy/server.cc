@@ -928,6 +928,10 @@ class Server::Impl {
     Status s =
         conn.ReceiveBulk(BulkSink::ToFile(transfer.fd(), offset, transfer.write_lock()), length, deadline);
     if (!s.ok()) return s.WithContext(fmt::format("write '{}' at offset {}", open.name, offset));
+    // Start the device writing this chunk now, so that the one fsync when the
+    // file is complete waits for the last chunks only (as a joining node's
+    // install does: tree/store.cc, kInstallWritebackBytes).
+    CANOPY_RETURN_IF_ERROR(StartWriteback(transfer.fd(), offset, length, open.name));
     if (open.verify()) {
       // Digest what actually landed in the file, not what passed the socket.
       buffer->resize(kVerifyPieceBytes);
