@@ -467,6 +467,15 @@ class StoreImpl;
 // hands the device a few MiB (a bulk piece is 2 MiB).
 constexpr uint64_t kInstallWritebackBytes = 4 << 20;
 
+// Starts write-back of [*written_back, landed) of fd once that range has
+// reached kInstallWritebackBytes, and moves *written_back to landed.
+Status WriteBackLanded(int fd, uint64_t landed, uint64_t* written_back, const std::string& path) {
+  if (landed - *written_back < kInstallWritebackBytes) return Status::Ok();
+  Status s = StartWriteback(fd, *written_back, landed - *written_back, path);
+  *written_back = landed;
+  return s;
+}
+
 class InstallerImpl final : public SnapshotInstaller {
  public:
   InstallerImpl(StoreImpl* store, std::string tree, std::string dir)
@@ -2061,9 +2070,8 @@ Status InstallerImpl::AddChunk(std::string_view chunk) {
   if (s.ok()) written_ += chunk.size();
   if (s.ok() && store_->options().install_fsync_each_chunk) {
     s = FsyncFd(file_.get(), path_);
-  } else if (s.ok() && written_ - written_back_ >= kInstallWritebackBytes) {
-    s = StartWriteback(file_.get(), written_back_, written_ - written_back_, path_);
-    written_back_ = written_;
+  } else if (s.ok()) {
+    s = WriteBackLanded(file_.get(), written_, &written_back_, path_);
   }
   if (!s.ok()) error_ = s.WithContext("installing a snapshot of tree '" + tree_ + "'");
   return error_;
@@ -2209,10 +2217,8 @@ Status FileInstallerImpl::Landed(uint64_t bytes) {
   if (store_->options().install_fsync_each_chunk) {  // benchmark knob (StoreOptions)
     Status s = FsyncFd(file_.get(), path_);
     if (!s.ok()) return Fail(s);
-  } else if (landed_ - written_back_ >= kInstallWritebackBytes) {
-    Status s = StartWriteback(file_.get(), written_back_, landed_ - written_back_, path_);
-    if (!s.ok()) return Fail(s);
-    written_back_ = landed_;
+  } else if (Status s = WriteBackLanded(file_.get(), landed_, &written_back_, path_); !s.ok()) {
+    return Fail(s);
   }
   return Status::Ok();
 }

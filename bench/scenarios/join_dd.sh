@@ -169,7 +169,8 @@ log_ts() { date -d "${1%% *}" +%s.%N; }
 # cpu_per_gb SECONDS BYTES -> CPU seconds per decimal GB.
 cpu_per_gb() { awk -v s="$1" -v b="$2" 'BEGIN { printf "%.4f\n", s / (b / 1e9) }'; }
 
-# warm_memory: writes warm_mib MiB to a file and deletes it,
+# warm_memory [DIR]: writes warm_mib MiB to a file on DIR's file system
+# (default BENCH_WORK: the one the next writer writes to) and deletes it,
 # right before each measured writer (the joiner, dd, rcopy). On a VM whose
 # balloon reports free pages to the host (virtio free page reporting), the
 # first write to a page the guest handed back costs a fault in the host;
@@ -179,14 +180,13 @@ cpu_per_gb() { awk -v s="$1" -v b="$2" 'BEGIN { printf "%.4f\n", s / (b / 1e9) }
 # after the join freed its pages, did not move when warmed too). Each
 # writer now starts from pages the guest has just used. On bare metal
 # this changes nothing.
-# warm_memory DIR: the file goes on DIR's file system, the one the writer
-# writes to next. Pages of one kind do not warm the other: ext4 caches a
-# file in large folios, tmpfs in single pages, and with the warm-up in
-# tmpfs every disk join landed its bytes in cold memory (the landing copy,
-# splice into ext4, 55-65% of the machine's CPU in perf against 15-35% in
-# the tmpfs joins: 4-5 Gbit/s), while dd, which writes 1 MiB at a time
-# right after the warm-up, did not. Written files of the warm-up are
-# deleted before write-back reaches them, so the disk sees none of it.
+# A warm-up in tmpfs did not warm a writer on ext4: with it, every disk
+# join landed its bytes in cold memory (the landing copy, splice into ext4,
+# 55-65% of the machine's CPU in perf against 15-35% in the tmpfs joins:
+# 4-5 Gbit/s); why ext4's page cache took other pages was not pinned down
+# (large folios against tmpfs's single pages is a guess). Written on the
+# writer's own file system, the warm-up put the disk joins at 11-14 Gbit/s.
+# Its file is deleted before write-back reaches it: the disk sees none of it.
 warm_floor=$(bench_pick 128 1024 1024)
 warm_mib=$((join_mib * 4 > warm_floor ? join_mib * 4 : warm_floor))
 warm_memory() {
