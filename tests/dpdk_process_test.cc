@@ -181,6 +181,113 @@ TEST(DpdkTwoProcesses, CopyWithMultiSegmentMbufsAndFaults) {
   CopyBetweenProcesses("multiseg", "mbuf_bytes=1024,fault_drop=0.02,fault_reorder=0.02");
 }
 
+// One port per core: each process has two memif ports (two sockets) and
+// names both (port=0+1). The server listens on both; the client's four
+// connections go two to each port (each new one to the port carrying fewer),
+// and every one carries its bulk byte-exact. ConnectionStats::device says
+// which port each connection is on, at both ends.
+TEST(DpdkTwoProcesses, ConnectionsSpreadOverTwoMemifPorts) {
+  constexpr int kConnections = 4;
+  const size_t bulk = size_t{4} << 20;
+  const std::string sock_a = MemifSocket("twoa"), sock_b = MemifSocket("twob");
+  const std::string uri = "dpdk://10.0.0.1:" + std::to_string(kServerPort);
+  // "net_memif0 net_memif1 net_memif0 net_memif1" is what both ends must see.
+  auto devices_ok = [](const std::vector<std::string>& devices) {
+    int on0 = 0, on1 = 0;
+    for (const auto& d : devices) {
+      on0 += d == "net_memif0";
+      on1 += d == "net_memif1";
+    }
+    return on0 == kConnections / 2 && on1 == kConnections / 2;
+  };
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t server = ForkChild([&] {
+    auto options =
+        ChildOptions("tps" + std::to_string(getpid()), "net_memif0,role=server,socket=" + sock_a, 10s);
+    options.backend_args.push_back("--vdev=net_memif1,role=server,socket=" + sock_b);
+    options.backend_args.push_back("port=0+1");
+    auto listener = ListenIn(options, uri);
+    if (!listener.ok()) return Fail("server listen", listener.status());
+    (void)!write(ready[1], "r", 1);
+    std::vector<std::unique_ptr<Connection>> conns;
+    std::vector<std::string> devices;
+    for (int i = 0; i < kConnections; ++i) {
+      auto conn = (*listener)->Accept(Deadline::After(20s));
+      if (!conn.ok()) return Fail("server accept", conn.status());
+      devices.push_back((*conn)->stats().device);
+      conns.push_back(std::move(*conn));
+    }
+    for (int i = 0; i < kConnections; ++i) {
+      auto msg = conns[i]->Receive(Deadline::After(20s));
+      if (!msg.ok()) return Fail("server receive", msg.status());
+      std::string got(msg->bulk_bytes, '\0');
+      Status s = conns[i]->ReceiveBulk(BulkSink::ToMemory(got.data()), got.size(), Deadline::After(30s));
+      if (!s.ok()) return Fail("server bulk", s);
+      const uint64_t seed = std::stoull(msg->payload);
+      if (got != RandomBytes(bulk, seed)) return Fail("server", Status::Corruption("bulk bytes differ"));
+      s = conns[i]->Send(2, "ok");
+      if (!s.ok()) return Fail("server reply", s);
+    }
+    if (!devices_ok(devices)) {
+      std::string seen;
+      for (const auto& d : devices) seen += " " + d;
+      return Fail("server", Status::Internal("connections were not spread over both ports:" + seen));
+    }
+    for (auto& c : conns) {
+      auto end = c->Receive(Deadline::After(20s));
+      if (end.status().code() != StatusCode::kClosed) return Fail("server end", end.status());
+    }
+    return 0;
+  });
+  EXPECT_TRUE(WaitReady(ready[0])) << "the server process did not come up";
+  close(ready[0]);
+  close(ready[1]);
+  pid_t client = ForkChild([&] {
+    auto options =
+        ChildOptions("tpc" + std::to_string(getpid()), "net_memif0,role=client,socket=" + sock_a, 10s);
+    options.backend_args.push_back("--vdev=net_memif1,role=client,socket=" + sock_b);
+    options.backend_args.push_back("port=0+1");
+    options.backend_args.push_back("ip=10.0.0.2");
+    RegisterBuiltinTransports();
+    auto t = TransportRegistry::Global().Create("dpdk", options);
+    if (!t.ok()) return Fail("client transport", t.status());
+    auto e = ParseEndpoint(uri);
+    if (!e.ok()) return Fail("client uri", e.status());
+    std::vector<std::unique_ptr<Connection>> conns;
+    std::vector<std::string> devices;
+    Deadline deadline = Deadline::After(20s);
+    while (conns.size() < kConnections) {
+      auto c = (*t)->Connect(*e);  // retried until both memif links are up
+      if (!c.ok()) {
+        if (deadline.expired()) return Fail("client connect", c.status());
+        std::this_thread::sleep_for(100ms);
+        continue;
+      }
+      devices.push_back((*c)->stats().device);
+      conns.push_back(std::move(*c));
+    }
+    if (!devices_ok(devices))
+      return Fail("client", Status::Internal("connections not spread over both ports"));
+    for (int i = 0; i < kConnections; ++i) {
+      const std::string data = RandomBytes(bulk, 100 + i);
+      Status s = conns[i]->SendWithBulk(1, std::to_string(100 + i), BulkSource::FromMemory(data));
+      if (!s.ok()) return Fail("client send", s);
+    }
+    for (auto& c : conns) {
+      auto reply = c->Receive(Deadline::After(30s));
+      if (!reply.ok() || reply->payload != "ok") return Fail("client reply", reply.status());
+      Status s = c->Shutdown();
+      if (!s.ok()) return Fail("client shutdown", s);
+    }
+    return 0;
+  });
+  int cs = WaitChild(client, 60s);
+  int ss = WaitChild(server, 10s);
+  ExpectExitedZero(cs, "client");
+  ExpectExitedZero(ss, "server");
+}
+
 // One side streams a large bulk transfer; once the receiver has 4 MiB, the
 // parent SIGKILLs `victim`. The survivor must fail with Unavailable or
 // Timeout within io_timeout (+ slack) of the kill; it reports the code and

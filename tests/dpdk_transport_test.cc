@@ -577,6 +577,33 @@ TEST(DpdkWire, RawOnesSumMatchesDpdkRawChecksum) {
   }
 }
 
+// A transport on two ports listens on the same UDP port of both, or of
+// neither: where one port has it taken, Listen fails and leaves the other
+// port's UDP port free. Naming one port twice is refused.
+TEST(DpdkTransport, ListenOnSeveralPortsTakesTheUdpPortOnAllOrNone) {
+  RegisterBuiltinTransports();
+  auto one = TransportRegistry::Global().Create("dpdk", MemifOptions("port=1"));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  auto both = TransportRegistry::Global().Create("dpdk", MemifOptions("port=0+1"));
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  auto endpoint = ParseEndpoint("dpdk://10.0.0.9:7311");
+  ASSERT_TRUE(endpoint.ok());
+  auto held = (*one)->Listen(*endpoint);  // UDP 7311 taken on port 1 only
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  auto refused = (*both)->Listen(*endpoint);
+  EXPECT_EQ(refused.status().code(), StatusCode::kAlreadyExists) << refused.status().ToString();
+  (*held)->Close();
+  auto retried = (*both)->Listen(*endpoint);  // port 0 kept nothing from the refused try
+  ASSERT_TRUE(retried.ok()) << retried.status().ToString();
+  EXPECT_EQ((*retried)->local_endpoint().port, 7311);
+  auto any = (*both)->Listen(*ParseEndpoint("dpdk://10.0.0.9:0"));  // a UDP port free on both
+  ASSERT_TRUE(any.ok()) << any.status().ToString();
+  EXPECT_NE((*any)->local_endpoint().port, 0);
+  auto twice = TransportRegistry::Global().Create("dpdk", MemifOptions("port=0+net_memif0"));
+  ASSERT_TRUE(twice.ok());
+  EXPECT_EQ((*twice)->Listen(*endpoint).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(DpdkWire, SplitsCanopyKeysFromEalArguments) {
   auto s = dpdk::SplitBackendArgs({"--no-huge", "-m", "512", "--vdev", "net_memif0,role=server,socket=/tmp/x",
                                    "port=1,ip=10.1.2.3", "fault_drop=0.05,fault_reorder=0.1", "mtu=1500"});
@@ -588,8 +615,13 @@ TEST(DpdkWire, SplitsCanopyKeysFromEalArguments) {
   EXPECT_DOUBLE_EQ(s->canopy.faults.drop, 0.05);
   EXPECT_DOUBLE_EQ(s->canopy.faults.reorder, 0.1);
   EXPECT_EQ(s->canopy.mtu, 1500u);
-  for (const char* bad :
-       {"fault_drop=2", "fault_dup=x", "ip=300.1.1.1", "peer_mac=zz", "mtu=10", "port=1,bogus=2"}) {
+  auto several = dpdk::SplitBackendArgs({"port=net_memif0+net_memif1"});
+  ASSERT_TRUE(several.ok()) << several.status().ToString();
+  EXPECT_EQ(several->canopy.port, "net_memif0+net_memif1");
+  EXPECT_EQ(*dpdk::SplitPortList("0+1+2"), (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(*dpdk::SplitPortList("net_memif0"), (std::vector<std::string>{"net_memif0"}));
+  for (const char* bad : {"fault_drop=2", "fault_dup=x", "ip=300.1.1.1", "peer_mac=zz", "mtu=10",
+                          "port=1,bogus=2", "port=", "port=0+", "port=+1", "port=0++1"}) {
     EXPECT_EQ(dpdk::SplitBackendArgs({bad}).status().code(), StatusCode::kInvalidArgument) << bad;
   }
   auto mac = dpdk::ParseMac("02:00:0a:0B:ff:01");

@@ -162,6 +162,9 @@ struct ConnectionStats {
   uint64_t bytes_sent = 0;      // payload + bulk bytes, excluding framing
   uint64_t bytes_received = 0;  // payload + bulk bytes, excluding framing
   uint64_t retransmits = 0;     // backends with their own reliability (DPDK)
+  // The device carrying the connection where a transport may spread its
+  // connections over several (dpdk://: the DPDK port's name); else empty.
+  std::string device;
 };
 
 class Connection {

@@ -229,15 +229,15 @@ uint16_t Ipv4UdpSum(const rte_mbuf* m, const rte_ipv4_hdr* ip, uint32_t off, uin
   return static_cast<uint16_t>(sum);
 }
 
-bool ListenerState::Push(std::shared_ptr<ConnState> conn) {
+bool ListenerState::Push(std::shared_ptr<ConnState> conn, uint16_t port_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_ || queue_.size() >= backlog_) return false;
-  queue_.push_back(std::move(conn));
+  queue_.push_back(Pending{std::move(conn), port_id});
   cv_.notify_one();
   return true;
 }
 
-Result<std::shared_ptr<ConnState>> ListenerState::Pop(Deadline deadline) {
+Result<ListenerState::Pending> ListenerState::Pop(Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     if (closed_) return Status::Aborted("listener closed");
@@ -256,7 +256,10 @@ std::deque<std::shared_ptr<ConnState>> ListenerState::Close() {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
   cv_.notify_all();
-  return std::exchange(queue_, {});
+  std::deque<std::shared_ptr<ConnState>> left;
+  for (Pending& p : queue_) left.push_back(std::move(p.conn));
+  queue_.clear();
+  return left;
 }
 
 Result<std::shared_ptr<DpdkPort>> DpdkPort::Start(uint16_t port_id, const PortSettings& settings) {
@@ -498,7 +501,12 @@ Result<uint16_t> DpdkPort::AddListener(uint16_t udp_port, std::shared_ptr<Listen
   return udp_port;
 }
 
-void DpdkPort::RemoveListener(uint16_t udp_port) {
+size_t DpdkPort::ConnectionCount() {
+  std::lock_guard<std::mutex> lock(table_mu_);
+  return conns_.size();
+}
+
+void DpdkPort::RemoveListener(uint16_t udp_port, bool close_state) {
   std::shared_ptr<ListenerState> l;
   {
     std::lock_guard<std::mutex> lock(table_mu_);
@@ -508,6 +516,7 @@ void DpdkPort::RemoveListener(uint16_t udp_port) {
     listeners_.erase(it);
     ++table_gen_;
   }
+  if (!close_state) return;
   for (auto& c : l->Close()) {
     c->Fail(Status::Aborted("listener closed before Accept"));
     c->Abort();
@@ -756,7 +765,7 @@ void DpdkPort::HandleSyn(const SegmentHeader& h, uint32_t src_ip, uint16_t src_p
         auto fresh = ConnState::NewServer(params, h, src_mac, now);
         fresh->set_wakeup([this] { Wake(); });
         fresh->set_poller([this] { return PollFromApp(); });
-        if (!l->second->Push(fresh)) return;  // backlog full: the dialler retries
+        if (!l->second->Push(fresh, port_id_)) return;  // backlog full: the dialler retries
         conns_[params.local_id] = fresh;
         syn_index_[SynKey{src_ip, src_port, h.src_conn}] = params.local_id;
         ++table_gen_;

@@ -67,16 +67,23 @@ struct PortSettings {
   std::vector<std::string> eal_args;
 };
 
-// Connections waiting for Accept on one UDP port.
+// Connections waiting for Accept on one UDP port (of one DPDK port, or of
+// several sharing this queue: a transport listening on every port it has).
 class ListenerState {
  public:
+  // A connection and the DPDK port it arrived on.
+  struct Pending {
+    std::shared_ptr<ConnState> conn;
+    uint16_t port_id = 0;
+  };
+
   ListenerState(ConnParams templ, size_t backlog) : templ_(std::move(templ)), backlog_(backlog) {}
   const ConnParams& templ() const { return templ_; }
   // False when the backlog is full or the listener closed (the SYN is dropped).
-  bool Push(std::shared_ptr<ConnState> conn);
+  bool Push(std::shared_ptr<ConnState> conn, uint16_t port_id);
   // Next connection; Timeout at the deadline, Aborted once closed.
-  Result<std::shared_ptr<ConnState>> Pop(Deadline deadline);
-  // Returns the connections never accepted.
+  Result<Pending> Pop(Deadline deadline);
+  // Returns the connections never accepted (later calls: none).
   std::deque<std::shared_ptr<ConnState>> Close();
 
  private:
@@ -84,7 +91,7 @@ class ListenerState {
   const size_t backlog_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<ConnState>> queue_;
+  std::deque<Pending> queue_;
   bool closed_ = false;
 };
 
@@ -108,11 +115,18 @@ class DpdkPort : private SegmentOutput {
 
   // Registers a listener on udp_port (0: pick a free one); returns the port.
   Result<uint16_t> AddListener(uint16_t udp_port, std::shared_ptr<ListenerState> listener);
-  void RemoveListener(uint16_t udp_port);
+  // Unregisters it; the listener's state is closed (its pending connections
+  // fail) unless `close_state` is false.
+  void RemoveListener(uint16_t udp_port, bool close_state = true);
 
   // Registers a new dialling connection: fills local_id and local_port in
   // params and returns the ConnState (its handshake starts at once).
   Result<std::shared_ptr<ConnState>> AddClient(ConnParams params);
+
+  // Connections the port carries now, dialled and accepted (including ones
+  // closing): what a transport spreading connections over several ports
+  // compares.
+  size_t ConnectionCount();
 
   // Wakes the I/O thread if it sleeps.
   void Wake();

@@ -55,6 +55,7 @@ class DpdkConnection final : public Connection {
   DpdkConnection(std::shared_ptr<DpdkPort> port, std::shared_ptr<ConnState> conn,
                  const TransportOptions& options)
       : port_(std::move(port)),
+        device_(port_->name()),
         conn_(std::move(conn)),
         max_message_(options.max_message_bytes),
         io_timeout_(options.io_timeout),
@@ -212,6 +213,7 @@ class DpdkConnection final : public Connection {
     s.bytes_sent = bytes_sent_.load();
     s.bytes_received = bytes_received_.load();
     s.retransmits = conn_->retransmits();
+    s.device = device_;
     return s;
   }
 
@@ -289,6 +291,7 @@ class DpdkConnection final : public Connection {
   }
 
   std::shared_ptr<DpdkPort> port_;
+  const std::string device_;
   std::shared_ptr<ConnState> conn_;
   const uint32_t max_message_;
   const std::chrono::milliseconds io_timeout_;
@@ -302,24 +305,33 @@ class DpdkConnection final : public Connection {
   std::atomic<uint64_t> messages_sent_{0}, messages_received_{0}, bytes_sent_{0}, bytes_received_{0};
 };
 
+// Listens on the same address and UDP port on every port of its transport;
+// connections from all of them come out of one Accept queue.
 class DpdkListener final : public Listener {
  public:
-  DpdkListener(std::shared_ptr<DpdkPort> port, std::shared_ptr<dpdk::ListenerState> state, Endpoint local,
-               const TransportOptions& options)
-      : port_(std::move(port)), state_(std::move(state)), local_(std::move(local)), options_(options) {}
+  DpdkListener(std::vector<std::shared_ptr<DpdkPort>> ports, std::shared_ptr<dpdk::ListenerState> state,
+               Endpoint local, const TransportOptions& options)
+      : ports_(std::move(ports)), state_(std::move(state)), local_(std::move(local)), options_(options) {}
   ~DpdkListener() override { Close(); }
 
   Result<std::unique_ptr<Connection>> Accept(Deadline deadline) override {
-    CANOPY_ASSIGN_OR_RETURN(auto conn, state_->Pop(deadline));
-    return std::unique_ptr<Connection>(new DpdkConnection(port_, std::move(conn), options_));
+    CANOPY_ASSIGN_OR_RETURN(auto pending, state_->Pop(deadline));
+    std::shared_ptr<DpdkPort> port = ports_.front();
+    for (const auto& p : ports_) {
+      if (p->port_id() == pending.port_id) port = p;
+    }
+    return std::unique_ptr<Connection>(
+        new DpdkConnection(std::move(port), std::move(pending.conn), options_));
   }
   Endpoint local_endpoint() const override { return local_; }
   void Close() override {
-    if (!closed_.exchange(true)) port_->RemoveListener(local_.port);
+    if (!closed_.exchange(true)) {
+      for (const auto& p : ports_) p->RemoveListener(local_.port);
+    }
   }
 
  private:
-  std::shared_ptr<DpdkPort> port_;
+  std::vector<std::shared_ptr<DpdkPort>> ports_;
   std::shared_ptr<dpdk::ListenerState> state_;
   Endpoint local_;
   TransportOptions options_;
@@ -334,25 +346,37 @@ class DpdkTransport final : public Transport {
   std::string_view scheme() const override { return "dpdk"; }
 
   Result<std::unique_ptr<Listener>> Listen(const Endpoint& local) override {
-    CANOPY_ASSIGN_OR_RETURN(auto port, PortFor(local));
+    CANOPY_ASSIGN_OR_RETURN(auto ports, PortsFor(local));
     uint32_t ip = 0;
     if (local.host == "0.0.0.0" || local.host == "*") {
-      ip = port->DefaultIp();
+      ip = ports.front()->DefaultIp();
     } else {
       CANOPY_ASSIGN_OR_RETURN(ip, dpdk::ParseIpv4(local.host));
     }
-    port->AddAddress(ip);
+    for (const auto& port : ports) port->AddAddress(ip);
     auto state = std::make_shared<dpdk::ListenerState>(Template(local), 128);
-    CANOPY_ASSIGN_OR_RETURN(uint16_t udp_port, port->AddListener(local.port, state));
+    CANOPY_ASSIGN_OR_RETURN(uint16_t udp_port, ListenOnEvery(ports, local.port, state));
     Endpoint bound;
     bound.scheme = "dpdk";
     bound.host = dpdk::FormatIpv4(ip);
     bound.port = udp_port;
-    return std::unique_ptr<Listener>(new DpdkListener(port, state, bound, options_));
+    return std::unique_ptr<Listener>(new DpdkListener(std::move(ports), state, bound, options_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(const Endpoint& remote) override {
-    CANOPY_ASSIGN_OR_RETURN(auto port, PortFor(remote));
+    CANOPY_ASSIGN_OR_RETURN(auto ports, PortsFor(remote));
+    // Several ports (one per core, e.g. memif pairs): the one carrying the
+    // fewest connections now, so that connections spread over the ports'
+    // I/O threads and poll locks.
+    std::shared_ptr<DpdkPort> port = ports.front();
+    size_t fewest = port->ConnectionCount();
+    for (size_t i = 1; i < ports.size() && fewest > 0; ++i) {
+      size_t n = ports[i]->ConnectionCount();
+      if (n < fewest) {
+        fewest = n;
+        port = ports[i];
+      }
+    }
     ConnParams params = Template(remote);
     CANOPY_ASSIGN_OR_RETURN(params.remote_ip, dpdk::ParseIpv4(remote.host));
     if (remote.port == 0)
@@ -375,8 +399,8 @@ class DpdkTransport final : public Transport {
     return std::unique_ptr<Connection>(new DpdkConnection(port, std::move(conn), options_));
   }
 
-  // The port Connect would use, started (the EAL is up once this transport exists).
-  Status Prepare(const Endpoint& remote) override { return PortFor(remote).status(); }
+  // The ports Connect would use, started (the EAL is up once this transport exists).
+  Status Prepare(const Endpoint& remote) override { return PortsFor(remote).status(); }
 
  private:
   static std::string Param(const Endpoint& e, const std::string& key, const std::string& fallback) {
@@ -384,14 +408,46 @@ class DpdkTransport final : public Transport {
     return it == e.params.end() ? fallback : it->second;
   }
 
-  Result<std::shared_ptr<DpdkPort>> PortFor(const Endpoint& e) {
+  // The ports named by port= ("0", "net_memif0", or several joined by '+'),
+  // started, in the order named.
+  Result<std::vector<std::shared_ptr<DpdkPort>>> PortsFor(const Endpoint& e) {
     CANOPY_RETURN_IF_ERROR(RefuseTlsSettings(e.params, {}));
     dpdk::PortSettings settings;
     settings.mtu = args_.mtu;
     settings.mbufs = args_.mbufs;
     settings.mbuf_bytes = args_.mbuf_bytes;
     settings.eal_args = options_.backend_args;
-    return env_->Port(Param(e, "port", args_.port), settings);
+    CANOPY_ASSIGN_OR_RETURN(std::vector<std::string> names,
+                            dpdk::SplitPortList(Param(e, "port", args_.port)));
+    std::vector<std::shared_ptr<DpdkPort>> ports;
+    for (const std::string& name : names) {
+      CANOPY_ASSIGN_OR_RETURN(auto port, env_->Port(name, settings));
+      for (const auto& p : ports) {
+        if (p == port)
+          return Status::InvalidArgument("port=" + Param(e, "port", args_.port) + " names port " + name +
+                                         " twice");
+      }
+      ports.push_back(std::move(port));
+    }
+    return ports;
+  }
+
+  // Registers `state` on UDP port `udp_port` of every port (0: one that is
+  // free on all of them), or on none.
+  static Result<uint16_t> ListenOnEvery(const std::vector<std::shared_ptr<DpdkPort>>& ports,
+                                        uint16_t udp_port,
+                                        const std::shared_ptr<dpdk::ListenerState>& state) {
+    constexpr int kTries = 16;  // an ephemeral pick free on the first port may be taken on another
+    for (int attempt = 0;; ++attempt) {
+      CANOPY_ASSIGN_OR_RETURN(uint16_t bound, ports.front()->AddListener(udp_port, state));
+      Status s;
+      size_t added = 1;
+      for (; added < ports.size() && s.ok(); ++added) s = ports[added]->AddListener(bound, state).status();
+      if (s.ok()) return bound;
+      --added;  // the port that refused holds nothing
+      for (size_t i = 0; i < added; ++i) ports[i]->RemoveListener(bound, /*close_state=*/false);
+      if (udp_port != 0 || attempt + 1 == kTries) return s;
+    }
   }
 
   ConnParams Template(const Endpoint& e) {

@@ -3,6 +3,10 @@
 //
 //   dpdk://10.0.0.1:7000            listen on / dial 10.0.0.1, UDP port 7000
 //   dpdk://10.0.0.1:7000?port=1     ... using DPDK port 1 (id or device name)
+//   dpdk://10.0.0.1:7000?port=0+1   ... using ports 0 and 1: a listener takes
+//                                   connections on both, a dialler puts each
+//                                   new connection on the port carrying the
+//                                   fewest (one port per core; see hw/DPDK.md)
 //   URI params: port=, ip= (local address when dialling), peer_mac= (static
 //   neighbour instead of ARP).
 //
@@ -12,7 +16,8 @@
 // fault_drop=, fault_dup=, fault_reorder=, fault_seed=; see dpdk_wire.h).
 // The EAL is initialised once per process by the first transport created;
 // later ones share it (see dpdk_env.h). Each port has one I/O thread that
-// polls it; send windows are bounded by max_inflight_bytes and receive
+// polls it and one poll lock, so connections on different ports run on
+// different cores at once; send windows are bounded by max_inflight_bytes and receive
 // windows by buffer_bytes. Protocol details: dpdk_conn.h.
 //
 // Errors: Create fails with InvalidArgument for bad canopy keys or EAL

@@ -149,6 +149,22 @@ std::string FormatMac(const MacAddress& mac) {
   return buf;
 }
 
+Result<std::vector<std::string>> SplitPortList(std::string_view text) {
+  const std::string whole(text);
+  std::vector<std::string> names;
+  for (;;) {
+    size_t plus = text.find('+');
+    std::string_view name = text.substr(0, plus);
+    if (name.empty()) {
+      return Status::InvalidArgument("port=" + whole +
+                                     ": needs a port id or device name (several joined by '+')");
+    }
+    names.emplace_back(name);
+    if (plus == std::string_view::npos) return names;
+    text.remove_prefix(plus + 1);
+  }
+}
+
 Result<uint32_t> ParseIpv4(std::string_view text) {
   uint32_t addr = 0;
   std::string_view rest = text;
@@ -213,7 +229,7 @@ Status ParseUnsigned(std::string_view key, const std::string& value, uint64_t ma
 Status ApplyKey(std::string_view key, const std::string& value, CanopyArgs* a) {
   uint64_t n = 0;
   if (key == "port") {
-    if (value.empty()) return Status::InvalidArgument("port= needs a port id or device name");
+    CANOPY_RETURN_IF_ERROR(SplitPortList(value).status());
     a->port = value;
   } else if (key == "ip") {
     CANOPY_RETURN_IF_ERROR(ParseIpv4(value).status().ok() ? Status::Ok() : ParseIpv4(value).status());

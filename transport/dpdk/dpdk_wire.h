@@ -110,6 +110,9 @@ std::string FormatMac(const MacAddress& mac);
 
 // Dotted quad to a host-order address; InvalidArgument otherwise.
 Result<uint32_t> ParseIpv4(std::string_view text);
+// The ports a port= value names: one ("0", "net_memif0") or several joined
+// by '+' ("0+1"); InvalidArgument for an empty name.
+Result<std::vector<std::string>> SplitPortList(std::string_view text);
 std::string FormatIpv4(uint32_t host_order);
 
 // The 16-bit ones'-complement sum (RFC 1071) of n bytes taken as native-order
@@ -130,7 +133,10 @@ struct FaultConfig {
 
 // canopy's own settings, given in TransportOptions::backend_args as
 // "key=value[,key=value...]" arguments next to the EAL arguments:
-//   port=N|NAME     DPDK port (id or device name) used by this transport (default 0)
+//   port=N|NAME     DPDK port (id or device name) used by this transport (default 0);
+//                   several joined by '+' (port=0+1): the transport listens on
+//                   every one and spreads the connections it dials over them
+//                   (one port per core: each has its own I/O thread and poll lock)
 //   ip=A.B.C.D      this side's IPv4 address when dialling (listening uses the URI host)
 //   peer_mac=MAC    static neighbour: destination MAC for every peer (skips ARP)
 //   mtu=N           requested port MTU (default 9000; the port's maximum is used if lower)
