@@ -16,6 +16,10 @@
 # cannot run only that comparison is left out (reason in details).
 # Also over dpdk://, per rep: two connections at once on the one memif port
 # (bench -P 2, one process; the slower one's Gbit/s against the faster one's),
+# and, on a machine with four CPUs or more, bench -P 2 over two memif port
+# pairs (port=0+1: one port per core, each with its own poll lock and I/O
+# thread) against bench -P 2 on one of those pairs, each process on the same
+# two cores of its own (left out, reason in details, with fewer CPUs),
 # and loss injection on the sending side (fault_drop=0.01 and 0.05 on the
 # client's frames): goodput against the same rep's lossless figure at the
 # largest size, and frames retransmitted against frames dropped (the client's
@@ -40,10 +44,11 @@ fi
 
 work=$BENCH_WORK/dpdk_tcp
 pfx=canopy-bench-$$  # EAL --file-prefix of every DPDK process started here
-dpdk_pid="" tcp_pid="" rx_pid="" tx_pid=""
+dpdk_pid="" tcp_pid="" rx_pid="" tx_pid="" two_pid=""
 cleanup() {
   [[ -z $dpdk_pid ]] || kill -CONT "$dpdk_pid" 2>/dev/null || true
-  bench_kill "$tx_pid" "$rx_pid" "$dpdk_pid" "$tcp_pid"
+  [[ -z $two_pid ]] || kill -CONT "$two_pid" 2>/dev/null || true
+  bench_kill "$tx_pid" "$rx_pid" "$dpdk_pid" "$tcp_pid" "$two_pid"
   # EAL's runtime dirs (root: /var/run/dpdk; others: $XDG_RUNTIME_DIR or /tmp).
   rm -rf /var/run/dpdk/"$pfx"-* "${XDG_RUNTIME_DIR:-/tmp}"/dpdk/"$pfx"-* /tmp/dpdk/"$pfx"-* 2>/dev/null || true
   rm -rf "$work"
@@ -254,6 +259,49 @@ fair_sample() {
   jq -r '[.streams[][0].bw_avg_gbps * 10000 | round / 10000] | "\(min) \(max)"' <<<"$out"
 }
 
+# ---- one port per core: a second dpdk:// server with two memif ports
+# (port=0+1), on two cores of its own; clients on two other cores.
+mapfile -t all_cpus < <(bench_cpus)
+two_ports_note="" srv2_cores="" cli2_cores=""
+# two_vdevs ROLE -> the two memif vdevs of the port-per-core pair.
+two_vdevs() {
+  echo "--vdev=net_memif0,role=$1,bsize=$memif_bsize,socket=$work/two0.sock" \
+    "--vdev=net_memif1,role=$1,bsize=$memif_bsize,socket=$work/two1.sock"
+}
+if ((${#all_cpus[@]} >= 4)); then
+  srv2_cores="${all_cpus[0]},${all_cpus[1]}" cli2_cores="${all_cpus[2]},${all_cpus[3]}"
+  taskset -c "$srv2_cores" "$bench" --server --transport dpdk --bind 10.0.0.1 -p 0 --port-file "$work/port.two" \
+    --transport-arg "$eal --file-prefix=$pfx-srv2 $(two_vdevs server) port=0+1" > "$work/server.two.log" 2>&1 &
+  two_pid=$!
+  if bench_wait_file "$work/port.two" 30; then
+    kill -STOP "$two_pid"
+  else
+    two_ports_note="the dpdk:// server on two memif ports did not start: $(tail -n 3 "$work/server.two.log" | tr '\n' ' ')"
+    bench_log "$two_ports_note"
+    bench_kill "$two_pid"
+    two_pid=""
+  fi
+else
+  two_ports_note="needs 4 CPUs (two cores for each process), this machine offers ${#all_cpus[@]}"
+fi
+
+# two_sample PORTS REP -> total Gbit/s of bench -P 2 over dpdk:// from a
+# client with both memif ports of the pair that dials with port=PORTS (0: one
+# pair, 0+1: one port per core).
+two_sample() {
+  local ports=$1 rep=$2 out
+  kill -CONT "$two_pid"
+  out=$(timeout 120 taskset -c "$cli2_cores" "$bench" 10.0.0.1 --transport dpdk -p "$(cat "$work/port.two")" -s "$fair_size" \
+    -P 2 --connect-timeout 20 -t "$seconds" -n 100000000 --test bw --json \
+    --transport-arg "$eal --file-prefix=$pfx-cli2 $(two_vdevs client) ip=10.0.0.2 port=$ports" 2> "$work/client.two.log") || true
+  kill -STOP "$two_pid"
+  jq -e '.ok == true and (.streams | length) == 2' <<<"$out" > /dev/null 2>&1 ||
+    { bench_log "dpdk bench -P 2 with port=$ports failed: $(head -c 500 <<<"$out") $(tail -n 3 "$work/client.two.log")"; return 1; }
+  jq -c --argjson r "$rep" --arg p "$ports" '{label: "bench dpdk:// -P 2 port=\($p)", rep: $r, result: .results[0],
+    streams: [.streams[][0] | {bw_avg_gbps, bw_bytes, bw_rounds}]}' <<<"$out" >> "$runs"
+  jq -r '.results[0].bw_avg_gbps * 10000 | round / 10000' <<<"$out"
+}
+
 # loss_sample DROP REP -> "GBPS RETRANSMITTED DROPPED": bench bw over dpdk://
 # at the largest size with fault_drop=DROP on the client (the sender).
 loss_sample() {
@@ -275,7 +323,7 @@ loss_sample() {
 
 fair_size=1048576
 declare -A bw_d bw_t
-fair_lo=() fair_hi=() loss_base=() loss1=() loss5=() retx1=() drop1=() retx5=() drop5=()
+fair_lo=() fair_hi=() two_one=() two_two=() loss_base=() loss1=() loss5=() retx1=() drop1=() retx5=() drop5=()
 lat_d50=() lat_t50=() lat_d99=() lat_t99=() tp=() tp_dpdk=() tp_failures=()
 last=${sizes[-1]}
 for ((rep = 1; rep <= reps; rep++)); do
@@ -315,6 +363,18 @@ for ((rep = 1; rep <= reps; rep++)); do
     fair_lo+=("$lo") fair_hi+=("$hi")
     line+="; -P 2: $lo / $hi Gbit/s"
   fi
+  if [[ -n $two_pid ]]; then
+    # Alternate which goes first, so that neither always follows the same sample.
+    if ((rep % 2)); then
+      one=$(two_sample 0 "$rep") && two=$(two_sample 0+1 "$rep") && ok=1 || ok=0
+    else
+      two=$(two_sample 0+1 "$rep") && one=$(two_sample 0 "$rep") && ok=1 || ok=0
+    fi
+    if ((ok)); then
+      two_one+=("$one") two_two+=("$two")
+      line+="; -P 2 over one memif pair $one / over two (port=0+1) $two Gbit/s"
+    fi
+  fi
   if [[ -n $d && $d != null ]] && l1=$(loss_sample 0.01 "$rep") && l5=$(loss_sample 0.05 "$rep"); then
     read -r g r x <<<"$l1"
     loss_base+=("$d") loss1+=("$g") retx1+=("$r") drop1+=("$x")
@@ -346,6 +406,10 @@ comparisons=$(
     bench_comparison "two dpdk:// connections at once on one memif port (bench -P 2, $fair_size B messages): the slower vs the faster" \
       Gbit/s true "slower connection" "$(bench_samples "${fair_lo[@]}")" "faster connection" "$(bench_samples "${fair_hi[@]}")" \
       0.8 "each connection within 20% of the other"
+  fi
+  if ((${#two_two[@]} > 0)); then
+    bench_comparison "one port per core: bench -P 2 ($fair_size B messages) over two memif port pairs (port=0+1) vs over one pair, each process on two cores" \
+      Gbit/s true "two port pairs" "$(bench_samples "${two_two[@]}")" "one port pair" "$(bench_samples "${two_one[@]}")"
   fi
   if ((${#loss1[@]} > 0)); then
     bench_comparison "dpdk:// goodput with 1% of the sender's frames dropped vs lossless ($last B messages, same rep)" \
@@ -383,7 +447,8 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
   --argjson lat_seconds "$lat_seconds" --argjson reps "$reps" --argjson cpus "$(nproc)" --arg cores "$cores_note" \
   --arg mtu "${mtu:-}" --arg mss "${mss:-}" --argjson frame "$frame" --arg tp_note "$testpmd_note" \
   --argjson tp_failures "$( ((${#tp_failures[@]})) && printf '%s\n' "${tp_failures[@]}" | jq -R . | jq -s -c . || echo '[]')" \
-  --argjson fair_size "$fair_size" --arg eal "$eal" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
+  --argjson fair_size "$fair_size" --arg eal "$eal" --arg two_note "$two_ports_note" \
+  --arg srv2 "$srv2_cores" --arg cli2 "$cli2_cores" --arg tpv "$(dpkg-query -W -f '${Version}' dpdk 2>/dev/null || true)" \
   '{scenario: "dpdk_tcp",
     title: "dpdk:// (memif) vs tcp:// (loopback): bandwidth, latency, and vs raw testpmd frames",
     path: "dpdk://: two processes on this host over a net_memif shared-memory port pair (DPDK --no-huge --no-pci, no NIC), canopy reliable stream over Ethernet/IPv4/UDP frames; tcp://127.0.0.1: kernel loopback (same-host TCP, no NIC); testpmd: the same kind of memif pair, raw frames",
@@ -393,8 +458,10 @@ jq -n --argjson comparisons "$comparisons" --argjson sweeps "$sweeps" --slurpfil
              dpdk_mss: (if $mss == "" then null else ($mss | tonumber) end),
              testpmd_frame_bytes: (if $frame > 0 then $frame else null end),
              testpmd: "dpdk-testpmd --forward-mode=txonly --txpkts=<frame> (memif client) -> --forward-mode=rxonly (memif server), --stats-period 1, mean Rx-pps of the full periods",
-             order: "per rep: lat dpdk, lat tcp; per size dpdk, tcp (the largest size: tcp, dpdk, then testpmd); dpdk -P 2; dpdk at fault_drop 0.01, then 0.05",
+             order: "per rep: lat dpdk, lat tcp; per size dpdk, tcp (the largest size: tcp, dpdk, then testpmd); dpdk -P 2; dpdk -P 2 on one memif pair and on two (alternating which first; 4 CPUs or more); dpdk at fault_drop 0.01, then 0.05",
              parallel_message_bytes: $fair_size,
+             port_per_core: (if $srv2 == "" then "left out: \($two_note)"
+                             else "server on cores \($srv2), client on cores \($cli2)" end),
              metric: "decimal Gbit/s: bench bw_avg_gbps (all bytes / all round time); latency: bench lat_p50_us / lat_p99_us; testpmd: Rx-pps * MSS * 8 / 1e9 (the stream bytes those frames carry for canopy)"},
     comparisons: $comparisons,
     sweeps: $sweeps,
