@@ -55,7 +55,6 @@ class DpdkConnection final : public Connection {
   DpdkConnection(std::shared_ptr<DpdkPort> port, std::shared_ptr<ConnState> conn,
                  const TransportOptions& options)
       : port_(std::move(port)),
-        device_(port_->name()),
         conn_(std::move(conn)),
         max_message_(options.max_message_bytes),
         io_timeout_(options.io_timeout),
@@ -213,7 +212,7 @@ class DpdkConnection final : public Connection {
     s.bytes_sent = bytes_sent_.load();
     s.bytes_received = bytes_received_.load();
     s.retransmits = conn_->retransmits();
-    s.device = device_;
+    s.device = port_->name();
     return s;
   }
 
@@ -291,7 +290,6 @@ class DpdkConnection final : public Connection {
   }
 
   std::shared_ptr<DpdkPort> port_;
-  const std::string device_;
   std::shared_ptr<ConnState> conn_;
   const uint32_t max_message_;
   const std::chrono::milliseconds io_timeout_;
